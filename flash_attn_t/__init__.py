@@ -1,0 +1,21 @@
+"""flash_attn_t: exact FlashAttention-style attention for PyTorch.
+
+    import flash_attn_t
+    out = flash_attn_t.attention(q, k, v, causal=True)   # (B, S, H, D)
+"""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from . import _C
+from .interface import (attention, attention_varlen, flash_attn_func,
+                        flash_attn_varlen_func)
+
+__version__ = "0.1.0"
+
+
+def built_backends():
+    """Kernel paths compiled into this build, e.g. ['cpu'] or ['cpu', 'sm80', 'sm90a']."""
+    return list(_C.built_backends())
+
+
+__all__ = ["attention", "attention_varlen", "flash_attn_func", "flash_attn_varlen_func",
+           "built_backends", "__version__"]

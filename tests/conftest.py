@@ -1,0 +1,35 @@
+import os
+import sys
+import zlib
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))  # so tests can `import reference`
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long-running test (large sequence on the CPU)")
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    # fresh but reproducible random inputs per test
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    yield
+
+
+def skip_if_unsupported(device, dtype):
+    if dtype == torch.float64 and device != "cpu":
+        pytest.skip("float64 is CPU only")

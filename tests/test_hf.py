@@ -1,0 +1,503 @@
+"""HuggingFace transformers integration (flash_attn_t/hf.py) against attn_implementation="eager".
+
+Tiny random models built from configs (no downloads). CPU runs in fp32 (tight bounds); CUDA runs
+fp32 and bf16, the bf16 bound derived from the eager-vs-sdpa difference on the same inputs.
+"""
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import flash_attn_t  # noqa: E402
+from flash_attn_t import hf  # noqa: E402
+
+NAME = "flash_attn_t"
+
+SETTINGS = [("cpu", torch.float32)]
+if torch.cuda.is_available():
+    SETTINGS += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
+SETTING_IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in SETTINGS]
+FP32_SETTINGS = [s for s in SETTINGS if s[1] == torch.float32]
+FP32_IDS = [f"{d}-fp32" for d, _ in FP32_SETTINGS]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    assert hf.register_hf() is True
+    yield
+
+
+# ----------------------------------------------------------------------------- models
+
+def _llama_cfg():
+    return transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        attention_dropout=0.0, pad_token_id=0)
+
+
+def _mistral_cfg():
+    return transformers.MistralConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        sliding_window=7, attention_dropout=0.0, pad_token_id=0)
+
+
+def _gemma2_cfg():
+    return transformers.Gemma2Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=256, sliding_window=6, attn_logit_softcapping=5.0,
+        final_logit_softcapping=30.0, query_pre_attn_scalar=16, attention_dropout=0.0,
+        pad_token_id=0)
+
+
+def _bert_cfg():
+    return transformers.BertConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=256, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, pad_token_id=0)
+
+
+CAUSAL = {"llama": _llama_cfg, "mistral": _mistral_cfg, "gemma2": _gemma2_cfg}
+
+
+def _pair(cfg_fn, device, dtype, cls=transformers.AutoModelForCausalLM, impl=NAME):
+    """(eager model, flash_attn_t model) with identical weights."""
+    torch.manual_seed(0)
+    ref = cls.from_config(cfg_fn(), attn_implementation="eager", dtype=dtype)
+    ours = cls.from_config(cfg_fn(), attn_implementation=impl, dtype=dtype)
+    ours.load_state_dict(ref.state_dict())
+    ref.to(device).eval()
+    ours.to(device).eval()
+    return ref, ours
+
+
+def _rel_err(x, ref):
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def _bound(dtype, sdpa_err=None):
+    if dtype == torch.float32:
+        return 1e-4
+    return 3.0 * (sdpa_err or 0.0) + 2e-3
+
+
+def _sdpa_err(ref, fn):
+    """rel err of sdpa vs eager on the same model/inputs: fn(model) -> tensor."""
+    sdpa = copy.deepcopy(ref)
+    sdpa.set_attn_implementation("sdpa")
+    return _rel_err(fn(sdpa), fn(ref))
+
+
+def _ids(batch, seq, device, low=3):
+    return torch.randint(low, 128, (batch, seq), device=device)
+
+
+def _padding_mask(lengths, seq, side, device):
+    m = torch.zeros(len(lengths), seq, dtype=torch.long, device=device)
+    for b, n in enumerate(lengths):
+        if side == "right":
+            m[b, :n] = 1
+        else:
+            m[b, seq - n:] = 1
+    return m
+
+
+# ----------------------------------------------------------------------------- registration
+
+def test_register_idempotent_and_visible():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+    assert hf.register_hf() is True and hf.register_hf() is True
+    assert NAME in AttentionInterface._global_mapping
+    assert AttentionInterface._global_mapping[NAME] is hf.flash_attn_t_attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[NAME] is flash_attention_mask
+
+
+def test_register_without_transformers(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def fake_import(name, *a, **k):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("no transformers")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(hf, "_registered", False)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    assert hf.register_hf() is False
+    monkeypatch.undo()
+    assert hf.register_hf() is True
+
+
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
+def test_from_config_and_set_attn_implementation(device, dtype):
+    ref, ours = _pair(_llama_cfg, device, dtype)
+    assert ours.config._attn_implementation == NAME
+    other = copy.deepcopy(ref)
+    other.set_attn_implementation(NAME)
+    assert other.config._attn_implementation == NAME
+    ids = _ids(2, 20, device)
+    with torch.no_grad():
+        r = ref(ids).logits
+        a = ours(ids).logits
+        b = other(ids).logits
+    sdpa = _sdpa_err(ref, lambda m: m(ids).logits) if dtype != torch.float32 else None
+    assert _rel_err(a, r) < _bound(dtype, sdpa)
+    assert _rel_err(b, r) < _bound(dtype, sdpa)
+
+
+# ----------------------------------------------------------------------------- logits
+
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("family", sorted(CAUSAL))
+def test_causal_lm_padding(family, side, device, dtype):
+    ref, ours = _pair(CAUSAL[family], device, dtype)
+    seq = 20  # > sliding windows (7, 6)
+    ids = _ids(3, seq, device)
+    mask = _padding_mask([20, 13, 5], seq, side, device)
+    ids = ids.masked_fill(mask == 0, 0)
+    keep = mask.bool()
+    with torch.no_grad():
+        r = ref(ids, attention_mask=mask).logits[keep]
+        a = ours(ids, attention_mask=mask).logits[keep]
+        no_mask = ours(ids).logits[keep]
+    assert torch.isfinite(a).all()
+    sdpa = (_sdpa_err(ref, lambda m: m(ids, attention_mask=mask).logits[keep])
+            if dtype != torch.float32 else None)
+    assert _rel_err(a, r) < _bound(dtype, sdpa)
+    if side == "left":  # causal + right padding: real tokens never see the pads anyway
+        # the 2D mask really reaches the attention: ignoring it changes the results
+        assert _rel_err(no_mask, r) > 10 * _bound(dtype, sdpa)
+
+
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
+def test_sliding_window_is_active(device, dtype):
+    """Mistral with window 7 < seq 20: must match eager, and differ from a full-attention run."""
+    ref, ours = _pair(_mistral_cfg, device, dtype)
+    ids = _ids(2, 20, device)
+    with torch.no_grad():
+        r = ref(ids).logits
+        a = ours(ids).logits
+        ours.config.sliding_window = None
+        for layer in ours.model.layers:
+            layer.self_attn.config.sliding_window = None
+        full = ours(ids).logits
+    sdpa = _sdpa_err(ref, lambda m: m(ids).logits) if dtype != torch.float32 else None
+    assert _rel_err(a, r) < _bound(dtype, sdpa)
+    assert _rel_err(full, r) > 10 * _bound(dtype, sdpa)
+
+
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_bert_encoder_padding(side, device, dtype):
+    ref, ours = _pair(_bert_cfg, device, dtype, cls=transformers.AutoModel)
+    seq = 16
+    ids = _ids(3, seq, device)
+    mask = _padding_mask([16, 9, 4], seq, side, device)
+    keep = mask.bool()
+    with torch.no_grad():
+        r = ref(ids, attention_mask=mask).last_hidden_state[keep]
+        a = ours(ids, attention_mask=mask).last_hidden_state[keep]
+        no_mask = ours(ids).last_hidden_state[keep]
+    sdpa = (_sdpa_err(ref, lambda m: m(ids, attention_mask=mask).last_hidden_state[keep])
+            if dtype != torch.float32 else None)
+    assert _rel_err(a, r) < _bound(dtype, sdpa)
+    assert _rel_err(no_mask, r) > 10 * _bound(dtype, sdpa)
+
+
+# ----------------------------------------------------------------------------- packing
+
+def _packed_inputs(lengths, device):
+    ids = [_ids(1, n, device) for n in lengths]
+    packed = torch.cat(ids, dim=1)
+    pos = torch.cat([torch.arange(n, device=device) for n in lengths]).unsqueeze(0)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
+                      device=device)
+    return ids, packed, pos, cu
+
+
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
+@pytest.mark.parametrize("how", ["position_ids", "cu_seq_lens", "max_seqlen_names"])
+@pytest.mark.parametrize("family", sorted(CAUSAL))
+def test_packed_sequences(family, how, device, dtype):
+    ref, ours = _pair(CAUSAL[family], device, dtype)
+    lengths = [9, 14, 5]
+    ids, packed, pos, cu = _packed_inputs(lengths, device)
+    kw = {}
+    if how == "cu_seq_lens":
+        kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths),
+                  max_length_k=max(lengths))
+    elif how == "max_seqlen_names":
+        kw = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_seqlen_q=max(lengths),
+                  max_seqlen_k=max(lengths))
+    with torch.no_grad():
+        separate = torch.cat([ref(x).logits for x in ids], dim=1)
+        a = ours(packed, position_ids=pos, **kw).logits
+        unpacked_attention = ours(packed).logits  # one long sequence: must differ
+    bound = _bound(dtype, _rel_err(torch.cat([ref(x).logits for x in ids], 1).float(),
+                                   separate.float()) if dtype != torch.float32 else None)
+    if dtype != torch.float32:
+        sdpa = copy.deepcopy(ref)
+        sdpa.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            s = torch.cat([sdpa(x).logits for x in ids], dim=1)
+        bound = _bound(dtype, _rel_err(s, separate))
+    assert _rel_err(a, separate) < bound
+    assert _rel_err(unpacked_attention, separate) > 10 * bound
+
+
+# ----------------------------------------------------------------------------- generation
+
+@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("family", sorted(CAUSAL))
+def test_greedy_generate_identical(family, padded, device, dtype):
+    ref, ours = _pair(CAUSAL[family], device, dtype)
+    seq = 10  # + 8 new tokens > sliding windows: exercises sliding-window decoding
+    ids = _ids(2, seq, device)
+    mask = _padding_mask([10, 6] if padded else [10, 10], seq, "left", device)
+    ids = ids.masked_fill(mask == 0, 0)
+    gen = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    torch.manual_seed(1)
+    r = ref.generate(ids, attention_mask=mask, **gen)
+    a = ours.generate(ids, attention_mask=mask, **gen)
+    assert r.shape == (2, seq + 8)
+    assert torch.equal(a, r), (a, r)
+
+
+@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+def test_kv_cache_decode_logits(device, dtype):
+    """Prefill then single-token steps with a DynamicCache (q len 1 vs longer keys)."""
+    ref, ours = _pair(_llama_cfg, device, dtype)
+    ids = _ids(2, 12, device)
+    nxt = _ids(2, 3, device)
+    outs = []
+    for m in (ref, ours):
+        with torch.no_grad():
+            o = m(ids, use_cache=True)
+            pkv, logits = o.past_key_values, []
+            for t in range(3):
+                o = m(nxt[:, t:t + 1], past_key_values=pkv, use_cache=True)
+                pkv = o.past_key_values
+                logits.append(o.logits)
+        outs.append(torch.cat(logits, 1))
+    assert _rel_err(outs[1], outs[0]) < 1e-4
+
+
+# ----------------------------------------------------------------------------- training
+
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
+@pytest.mark.parametrize("family", sorted(CAUSAL))
+def test_training_gradients(family, device, dtype):
+    ref, ours = _pair(CAUSAL[family], device, dtype)
+    seq = 20
+    ids = _ids(3, seq, device)
+    mask = _padding_mask([20, 15, 8], seq, "right", device)
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def grads(m):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        loss = m(ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.detach().clone() for n, p in m.named_parameters()
+                               if p.grad is not None}
+
+    lr, gr = grads(ref)
+    lo, go = grads(ours)
+    if dtype == torch.float32:
+        bounds = {n: 1e-4 for n in gr}
+        lbound = 1e-5
+    else:
+        sdpa = copy.deepcopy(ref)
+        sdpa.set_attn_implementation("sdpa")
+        ls, gs = grads(sdpa)
+        bounds = {n: _bound(dtype, _rel_err(gs[n], gr[n])) for n in gr}
+        lbound = _bound(dtype, _rel_err(ls, lr))
+    assert _rel_err(lo, lr) < lbound
+    assert gr.keys() == go.keys()
+    bad = {n: _rel_err(go[n], gr[n]) for n in gr if _rel_err(go[n], gr[n]) >= bounds[n]}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+def test_bert_training_gradients(device, dtype):
+    ref, ours = _pair(_bert_cfg, device, dtype, cls=transformers.AutoModel)
+    ids = _ids(2, 12, device)
+    mask = _padding_mask([12, 7], 12, "right", device)
+
+    def grads(m):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        out = m(ids, attention_mask=mask).last_hidden_state
+        (out[mask.bool()] ** 2).mean().backward()
+        return {n: p.grad.detach().clone() for n, p in m.named_parameters()
+                if p.grad is not None}
+
+    gr, go = grads(ref), grads(ours)
+    bad = {n: _rel_err(go[n], gr[n]) for n in gr if _rel_err(go[n], gr[n]) >= 1e-4}
+    assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- errors
+
+class _Mod(torch.nn.Module):
+    def __init__(self, **attrs):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.is_causal = True
+        for k, v in attrs.items():
+            setattr(self, k, v)
+
+
+def _qkv(b=1, hq=4, hkv=2, sq=5, sk=5, d=16):
+    return torch.randn(b, hq, sq, d), torch.randn(b, hkv, sk, d), torch.randn(b, hkv, sk, d)
+
+
+def test_dropout_in_training_raises():
+    cfg = _llama_cfg()
+    cfg.attention_dropout = 0.1
+    m = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=NAME)
+    m.train()
+    with pytest.raises(NotImplementedError, match="dropout"):
+        m(_ids(1, 8, "cpu"))
+    m.eval()  # eval: the model passes dropout=0.0
+    m(_ids(1, 8, "cpu"))
+
+
+def test_sinks_and_output_attentions_raise():
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match="sink"):
+        hf.flash_attn_t_attention_forward(_Mod(sinks=torch.nn.Parameter(torch.zeros(4))),
+                                          q, k, v, None)
+    with pytest.raises(NotImplementedError, match="sink"):
+        hf.flash_attn_t_attention_forward(_Mod(), q, k, v, None, s_aux=torch.zeros(4))
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        hf.flash_attn_t_attention_forward(_Mod(), q, k, v, None, output_attentions=True)
+
+
+def test_4d_mask_rejected():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="2D"):
+        hf.flash_attn_t_attention_forward(_Mod(), q, k, v, torch.zeros(1, 1, 5, 5))
+
+
+# ----------------------------------------------------------------------------- direct function
+
+def _eager(q, k, v, causal, window=None, softcap=None, scale=None, pad=None):
+    """Straightforward (B, H, S, D) reference in float64, transformers' conventions."""
+    g = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(g, 1).double()
+    v = v.repeat_interleave(g, 1).double()
+    q = q.double()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[2], k.shape[2]
+    i = torch.arange(sq).unsqueeze(1) + (sk - sq)
+    j = torch.arange(sk).unsqueeze(0)
+    vis = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        vis &= j <= i
+    if window is not None:
+        vis &= (j > i - window) if causal else ((j - i).abs() < window)
+    vis = vis.expand(q.shape[0], 1, sq, sk)
+    if pad is not None:
+        vis = vis & pad.bool()[:, None, None, :]
+    s = s.masked_fill(~vis, float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_direct_against_reference(causal, window, softcap):
+    q, k, v = _qkv(b=2, sq=9, sk=9)
+    out, w = hf.flash_attn_t_attention_forward(_Mod(), q, k, v, None, scaling=0.3,
+                                               sliding_window=window, softcap=softcap,
+                                               is_causal=causal)
+    assert w is None and out.shape == (2, 9, 4, 16)
+    ref = _eager(q, k, v, causal, window, softcap, 0.3)
+    assert _rel_err(out, ref) < 1e-5
+
+
+def test_direct_decode_with_padding_and_gqa():
+    """q len 1 against 7 keys, left padding: bottom-right causal + per-row key lengths."""
+    q, k, v = _qkv(b=3, hq=4, hkv=1, sq=1, sk=7)
+    pad = _padding_mask([7, 4, 1], 7, "left", "cpu")
+    out, _ = hf.flash_attn_t_attention_forward(_Mod(), q, k, v, pad.bool())
+    ref = _eager(q, k, v, True, pad=pad)
+    assert _rel_err(out, ref) < 1e-5
+
+
+def test_direct_chunked_prefill_with_left_padding():
+    """q len 3 against 8 keys (cache + new), left padding."""
+    q, k, v = _qkv(b=2, sq=3, sk=8)
+    pad = _padding_mask([8, 5], 8, "left", "cpu")
+    out, _ = hf.flash_attn_t_attention_forward(_Mod(), q, k, v, pad.bool(), sliding_window=4)
+    ref = _eager(q, k, v, True, window=4, pad=pad)
+    assert _rel_err(out, ref) < 1e-5
+
+
+def test_direct_no_repeat_kv_and_noncontiguous():
+    q, k, v = _qkv(b=2, hq=6, hkv=2, sq=5, sk=5)
+    out, _ = hf.flash_attn_t_attention_forward(_Mod(is_causal=False), q, k, v, None)
+    assert _rel_err(out, _eager(q, k, v, False)) < 1e-5
+
+
+# ----------------------------------------------------------------------------- torch.compile
+
+@pytest.fixture
+def _fresh_dynamo():
+    import torch._dynamo
+    torch._dynamo.reset()
+    old = torch._dynamo.config.error_on_recompile
+    yield
+    torch._dynamo.config.error_on_recompile = old
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_torch_compile_fullgraph_no_recompile(family, device, dtype, _fresh_dynamo):
+    import torch._dynamo
+    ref, ours = _pair(CAUSAL[family], device, dtype)
+    ours.train()
+    ref.train()
+
+    def step(model, ids):
+        out = model(ids, labels=ids)
+        return out.loss, out.logits
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
+    for i, seq in enumerate((16, 24, 11)):
+        if i == 1:
+            torch._dynamo.config.error_on_recompile = True
+        ids = _ids(2, seq, device)
+        ours.zero_grad(set_to_none=True)
+        loss, logits = compiled(ours, ids)
+        loss.backward()
+        g_ours = {n: p.grad.clone() for n, p in ours.named_parameters() if p.grad is not None}
+        ref.zero_grad(set_to_none=True)
+        rloss, rlogits = step(ref, ids)
+        rloss.backward()
+        assert _rel_err(logits, rlogits) < 1e-4
+        for n, p in ref.named_parameters():
+            if p.grad is not None:
+                assert _rel_err(g_ours[n], p.grad) < 1e-4, n
+
+
+@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+def test_torch_compile_inductor_forward(device, dtype, _fresh_dynamo):
+    ref, ours = _pair(_llama_cfg, device, dtype)
+    compiled = torch.compile(ours, fullgraph=True)
+    ids = _ids(2, 16, device)
+    with torch.no_grad():
+        assert _rel_err(compiled(ids).logits, ref(ids).logits) < 1e-4
