@@ -185,7 +185,7 @@ def free_mem(device):
         torch.cuda.empty_cache()
 
 
-def short(msg, n=300):
+def short(msg, n=500):
     msg = " ".join(str(msg).split())
     return msg if len(msg) <= n else msg[: n - 3] + "..."
 
@@ -257,7 +257,8 @@ def _sdpa_ctx(name):
     from torch.nn.attention import sdpa_kernel, SDPBackend
     be = {"sdpa-flash2": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
           "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa-math": SDPBackend.MATH}.get(name)
-    return sdpa_kernel(be) if be is not None else contextlib.nullcontext()
+    # a fresh context manager per call: sdpa_kernel's is single-use
+    return (lambda: sdpa_kernel(be)) if be is not None else contextlib.nullcontext
 
 
 _FLEX = {}
@@ -330,7 +331,7 @@ def build_dense(name, p, d):
         ctx = _sdpa_ctx(name)
 
         def fwd():
-            with ctx:
+            with ctx():
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale, **kw)
         return Built(fwd, (q, k, v), None if dout is None else dout.transpose(1, 2),
                      lambda o: o.transpose(1, 2))
@@ -385,7 +386,7 @@ def build_varlen(name, p, d):
         ctx = _sdpa_ctx(name)
 
         def fwd():
-            with ctx:
+            with ctx():
                 return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal,
                                                       scale=scale, **kw)
         return Built(fwd, (qp, kp, vp), None if dp is None else dp.transpose(1, 2),
@@ -466,6 +467,7 @@ def measure(name, p, d, ops, device, args):
                               "causal")}
     base["window"] = list(p["window"])
     base["dtype"] = args.dtype
+    base["input_bytes"] = sum(d[x].numel() * d[x].element_size() for x in ("q", "k", "v"))
     if p["kind"] == "varlen":
         base["total_tokens"] = sum(p["lens"])
         base["avg_seqlen"] = p["avg_seqlen"]
@@ -523,8 +525,9 @@ def measure(name, p, d, ops, device, args):
                         else:
                             peak = None
                     except Exception as e:
-                        msgs = [short(w.message, 160) for w in wl
-                                if issubclass(w.category, UserWarning)][:3]
+                        msgs = [re.sub(r"\(Triggered internally at [^)]*\)\.?", "", str(w.message))
+                                for w in wl if issubclass(w.category, UserWarning)]
+                        msgs = [short(m, 160) for m in msgs if m.strip()][:5]
                         raise RuntimeError(short("%s: %s" % (type(e).__name__, e), 200)
                                            + ("" if not msgs else " | " + " | ".join(msgs))) from e
                 if op == "fwd":
@@ -779,6 +782,7 @@ def parse_args(argv=None):
                     help="torch.set_num_threads for CPU runs (default: torch's; 1 with --quick)")
     ap.add_argument("--check-finite", action="store_true")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--plot", action="store_true", help="plots even with --quick (off there)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args(argv)
     if a.suite is None:
@@ -882,7 +886,7 @@ def main(argv=None):
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
         write_md(os.path.join(outdir, suite + ".md"), suite, meta, rows)
         written = [jpath, os.path.join(outdir, suite + ".md")]
-        if not args.no_plot:
+        if not args.no_plot and (args.plot or not args.quick):
             try:
                 import plot  # benchmarks/plot.py (benchmarks/ is sys.path[0])
                 written += plot.plot_suite(suite, rows, outdir, meta)

@@ -55,6 +55,12 @@ def _bars(ax, rows, xkey, impls, title):
     ax.grid(axis="y", alpha=0.3)
 
 
+def _legend(fig, axes):
+    h, l = axes[0][0].get_legend_handles_labels()
+    fig.legend(h, l, loc="lower center", ncol=min(8, max(1, len(l))), fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
+
+
 def _title(meta, suite, extra=""):
     dev = meta.get("gpu") or "cpu"
     return "flash_attn_t %s - %s%s (torch %s)" % (suite, dev, extra, meta.get("torch"))
@@ -83,9 +89,8 @@ def plot_suite(suite, rows, outdir, meta):
                           (op, hd, "" if c else "non-", h.get("heads_q"), h.get("heads_kv")))
                     axes[i][j].set_xlabel("seqlen (batch*seqlen = %s)" %
                                           (h["batch"] * h["seqlen_q"] if h else "?"))
-            axes[0][0].legend(fontsize=7, ncol=2)
+            _legend(fig, axes)
             fig.suptitle(_title(meta, suite, ", " + op))
-            fig.tight_layout()
             p = os.path.join(outdir, "%s_%s.png" % (suite, op))
             fig.savefig(p, dpi=110)
             plt.close(fig)
@@ -103,9 +108,8 @@ def plot_suite(suite, rows, outdir, meta):
                                                         sub[0]["head_dim"] if sub else "?"))
                 axes[i][j].set_xlabel("average seqlen (lengths uneven, ~%s tokens)" %
                                       (sub[0].get("total_tokens") if sub else "?"))
-        axes[0][0].legend(fontsize=7, ncol=2)
+        _legend(fig, axes)
         fig.suptitle(_title(meta, suite))
-        fig.tight_layout()
         p = os.path.join(outdir, "varlen.png")
         fig.savefig(p, dpi=110)
         plt.close(fig)
@@ -130,7 +134,8 @@ def plot_suite(suite, rows, outdir, meta):
             ax.set_xlabel("seqlen (batch 1)")
             ax.set_ylabel(yl)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            if ax.get_legend_handles_labels()[1]:
+                ax.legend(fontsize=7)
         axes[1].set_yscale("log")
         fig.suptitle(_title(meta, suite))
         fig.tight_layout()

@@ -76,10 +76,10 @@ typedef struct {
     int d, d_v; /* head dims of q/k and of v */
     fat_dtype dtype;
 
-    float softmax_scale;
+    double softmax_scale; /* double so float64 inputs keep full precision */
     int causal;
     int window_left, window_right; /* -1 = unbounded */
-    float softcap;                 /* 0 = off */
+    double softcap;                /* 0 = off */
     int deterministic;             /* backward: bitwise reproducible */
 
     /* varlen: (b + 1) int32 prefix sums, or both NULL for dense batches */

@@ -93,11 +93,11 @@ fat_params make_params(const at::Tensor &q, const at::Tensor &k,
     p.k = k.data_ptr();
     p.v = v.data_ptr();
     p.dtype = to_fat_dtype(q, "q");
-    p.softmax_scale = (float)softmax_scale;
+    p.softmax_scale = softmax_scale;
     p.causal = causal;
     p.window_left = (int)window_left;
     p.window_right = (int)window_right;
-    p.softcap = (float)softcap;
+    p.softcap = softcap;
     p.deterministic = deterministic;
     const int64_t head_dim_axis = rank - 1;
     p.d = (int)q.size(head_dim_axis);

@@ -6,8 +6,11 @@
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C
+from .hf import register_hf
 from .interface import (attention, attention_varlen, flash_attn_func,
                         flash_attn_varlen_func)
+
+register_hf()  # a no-op returning False when transformers is not installed
 
 __version__ = "0.1.0"
 
@@ -18,4 +21,4 @@ def built_backends():
 
 
 __all__ = ["attention", "attention_varlen", "flash_attn_func", "flash_attn_varlen_func",
-           "built_backends", "__version__"]
+           "built_backends", "register_hf", "__version__"]

@@ -23,7 +23,10 @@ def _window(window_size):
 
 
 def _scale(q, softmax_scale):
-    return 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    if softmax_scale is not None:
+        return float(softmax_scale)
+    # head_dim 0 is refused by the core's validator, which names it.
+    return 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] > 0 else 1.0
 
 
 def _check_tensor(name, t):

@@ -80,6 +80,14 @@ def _rel_err(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def _grad_errs(go, gr):
+    """Per-parameter relative errors, normalised by max(||ref||, 1e-3 * largest ||ref||): some
+    gradients are mathematically zero (e.g. a key bias under softmax) and only hold noise."""
+    floor = 1e-3 * max(g.double().norm().item() for g in gr.values())
+    return {n: ((go[n].double() - gr[n].double()).norm().item()
+                / max(gr[n].double().norm().item(), floor)) for n in gr}
+
+
 def _bound(dtype, sdpa_err=None):
     if dtype == torch.float32:
         return 1e-4
@@ -318,11 +326,11 @@ def test_training_gradients(family, device, dtype):
         sdpa = copy.deepcopy(ref)
         sdpa.set_attn_implementation("sdpa")
         ls, gs = grads(sdpa)
-        bounds = {n: _bound(dtype, _rel_err(gs[n], gr[n])) for n in gr}
+        bounds = {n: _bound(dtype, e) for n, e in _grad_errs(gs, gr).items()}
         lbound = _bound(dtype, _rel_err(ls, lr))
     assert _rel_err(lo, lr) < lbound
     assert gr.keys() == go.keys()
-    bad = {n: _rel_err(go[n], gr[n]) for n in gr if _rel_err(go[n], gr[n]) >= bounds[n]}
+    bad = {n: e for n, e in _grad_errs(go, gr).items() if e >= bounds[n]}
     assert not bad, bad
 
 
@@ -331,17 +339,18 @@ def test_bert_training_gradients(device, dtype):
     ref, ours = _pair(_bert_cfg, device, dtype, cls=transformers.AutoModel)
     ids = _ids(2, 12, device)
     mask = _padding_mask([12, 7], 12, "right", device)
+    w = torch.randn(19, 64, device=device)  # a LayerNorm output's mean square is ~constant
 
     def grads(m):
         m.train()
         m.zero_grad(set_to_none=True)
         out = m(ids, attention_mask=mask).last_hidden_state
-        (out[mask.bool()] ** 2).mean().backward()
+        (out[mask.bool()] * w).sum().backward()
         return {n: p.grad.detach().clone() for n, p in m.named_parameters()
                 if p.grad is not None}
 
     gr, go = grads(ref), grads(ours)
-    bad = {n: _rel_err(go[n], gr[n]) for n in gr if _rel_err(go[n], gr[n]) >= 1e-4}
+    bad = {n: e for n, e in _grad_errs(go, gr).items() if e >= 1e-4}
     assert not bad, bad
 
 
@@ -489,9 +498,9 @@ def test_torch_compile_fullgraph_no_recompile(family, device, dtype, _fresh_dyna
         rloss, rlogits = step(ref, ids)
         rloss.backward()
         assert _rel_err(logits, rlogits) < 1e-4
-        for n, p in ref.named_parameters():
-            if p.grad is not None:
-                assert _rel_err(g_ours[n], p.grad) < 1e-4, n
+        g_ref = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+        bad = {n: e for n, e in _grad_errs(g_ours, g_ref).items() if e >= 1e-4}
+        assert not bad, bad
 
 
 @pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)

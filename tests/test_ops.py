@@ -90,8 +90,11 @@ def _fn(q, k, v):
     return flash_attn_t.attention(q, k, v, causal=True, softcap=3.0, window_size=(6, -1))
 
 
-def _check_compiled_grads(cf, q, k, v, dout, kw):
+def _check_compiled_grads(cf, q, k, v, dout, kw, mark_dynamic=False):
     qq, kk, vv = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    if mark_dynamic:
+        for t in (qq, kk, vv):
+            torch._dynamo.mark_dynamic(t, 1)
     out = cf(qq, kk, vv)
     out.backward(dout)
     ref = ref_fwd_bwd(q.cpu(), k.cpu(), v.cpu(), dout.cpu(), **kw)
@@ -149,15 +152,12 @@ def test_compile_dynamic_seqlen_no_recompile(device, mode):
 
     def run(S):
         q, k, v = _dense(device, Sq=S, Sk=S + 3)
-        if mode == "mark_dynamic":
-            for t in (q, k, v):
-                torch._dynamo.mark_dynamic(t, 1)
         dout = torch.randn(2, S, 4, 16, device=device)
-        _check_compiled_grads(cf, q, k, v, dout, kw)
+        _check_compiled_grads(cf, q, k, v, dout, kw, mark_dynamic=(mode == "mark_dynamic"))
 
-    run(16)  # first compile (dynamic)
+    run(21)  # first compile (dynamic); 21 collides with no other dim (duck sizing)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        for S in (23, 40, 71, 9):
+        for S in (23, 40, 71, 9, 16):
             run(S)
 
 
@@ -183,7 +183,7 @@ def test_compile_dynamic_varlen_no_recompile(device):
         assert_close_to_ref("dk", kk.grad, ref[3])
         assert_close_to_ref("dv", vv.grad, ref[4])
 
-    run((3, 4, 7, 2), (5, 2, 7, 3))
+    run((3, 4, 7, 9), (5, 2, 7, 3))  # totals 23 and 17: no duck-sizing collision
     with torch._dynamo.config.patch(error_on_recompile=True):
         run((6, 5, 2, 9), (5, 8, 7, 3))
         run((13, 2, 3, 4), (11, 12, 7, 5))

@@ -9,8 +9,9 @@
  *             s (BQ x BK) scores/probabilities, acc (BQ x dv), m, l (BQ).
  *   backward: k, kt, v, vt, dk/dv accumulators of one key block, and q, dout,
  *             s (P), dp (dP then dS), dt (softcap derivative) of one query block.
- * Every matrix product is written as rows of axpy updates over a contiguous
- * inner dimension, so -O3 vectorises them without reassociation.
+ * Every matrix product goes through gemm: 4 x 16 register blocks whose inner
+ * loop runs over contiguous columns, so -O3 vectorises it without
+ * reassociation (P^T and dS^T are transposed into pt first).
  */
 
 /* ---- element loads and stores ------------------------------------------- */
@@ -87,26 +88,79 @@ static void FAT_T(load_tile)(const void *base, int64_t off, int64_t row_stride,
 
 /* ---- tile arithmetic ----------------------------------------------------- */
 
-/* out (nrows x FAT_BK) = a (nrows x n) * bt (n x FAT_BK), first ncols columns. */
-static void FAT_T(tile_matmul)(const REAL *restrict a, int n, const REAL *restrict bt,
-                               int nrows, int ncols, REAL *restrict out)
+/* out (m x ncols, row stride ldo) = or += a (m x n, lda) * b (n x ncols, ldb).
+ * 4 x 16 register blocks, so each loaded b vector feeds four rows. */
+static inline void FAT_T(gemm_4x16)(int n, const REAL *restrict a, int64_t lda,
+                                    const REAL *restrict b, int64_t ldb,
+                                    REAL *restrict out, int64_t ldo, int accumulate)
 {
-    for (int i = 0; i < nrows; ++i) {
-        REAL *restrict o = out + (int64_t)i * FAT_BK;
-        const REAL *restrict ai = a + (int64_t)i * n;
-        for (int j = 0; j < ncols; ++j) o[j] = 0;
+    REAL c0[16] = {0}, c1[16] = {0}, c2[16] = {0}, c3[16] = {0};
+    for (int c = 0; c < n; ++c) {
+        const REAL *restrict bc = b + (int64_t)c * ldb;
+        const REAL x0 = a[c], x1 = a[lda + c], x2 = a[2 * lda + c], x3 = a[3 * lda + c];
+        for (int jj = 0; jj < 16; ++jj) {
+            c0[jj] += x0 * bc[jj];
+            c1[jj] += x1 * bc[jj];
+            c2[jj] += x2 * bc[jj];
+            c3[jj] += x3 * bc[jj];
+        }
+    }
+    for (int jj = 0; jj < 16; ++jj) {
+        out[jj] = (accumulate ? out[jj] : 0) + c0[jj];
+        out[ldo + jj] = (accumulate ? out[ldo + jj] : 0) + c1[jj];
+        out[2 * ldo + jj] = (accumulate ? out[2 * ldo + jj] : 0) + c2[jj];
+        out[3 * ldo + jj] = (accumulate ? out[3 * ldo + jj] : 0) + c3[jj];
+    }
+}
+
+/* Edge of gemm: rows [i0, m) x columns [j0, ncols) by axpy updates. */
+static void FAT_T(gemm_edge)(int i0, int m, int j0, int ncols, int n,
+                             const REAL *restrict a, int64_t lda, const REAL *restrict b,
+                             int64_t ldb, REAL *restrict out, int64_t ldo, int accumulate)
+{
+    for (int i = i0; i < m; ++i) {
+        REAL *restrict o = out + (int64_t)i * ldo;
+        if (!accumulate)
+            for (int j = j0; j < ncols; ++j) o[j] = 0;
         for (int c = 0; c < n; ++c) {
-            const REAL x = ai[c];
-            const REAL *restrict b = bt + (int64_t)c * FAT_BK;
-            for (int j = 0; j < ncols; ++j) o[j] += x * b[j];
+            const REAL x = a[(int64_t)i * lda + c];
+            const REAL *restrict bc = b + (int64_t)c * ldb;
+            for (int j = j0; j < ncols; ++j) o[j] += x * bc[j];
         }
     }
 }
 
-static inline void FAT_T(axpy)(REAL *restrict y, REAL a, const REAL *restrict x, int n)
+static void FAT_T(gemm)(int m, int ncols, int n, const REAL *a, int64_t lda,
+                        const REAL *b, int64_t ldb, REAL *out, int64_t ldo, int accumulate)
 {
-    for (int c = 0; c < n; ++c) y[c] += a * x[c];
+    int i = 0, jfull = ncols / 16 * 16;
+    for (; i + 4 <= m; i += 4) {
+        for (int j = 0; j < jfull; j += 16)
+            FAT_T(gemm_4x16)(n, a + (int64_t)i * lda, lda, b + j, ldb,
+                             out + (int64_t)i * ldo + j, ldo, accumulate);
+        if (jfull < ncols)
+            FAT_T(gemm_edge)(i, i + 4, jfull, ncols, n, a, lda, b, ldb, out, ldo, accumulate);
+    }
+    if (i < m)
+        FAT_T(gemm_edge)(i, m, 0, ncols, n, a, lda, b, ldb, out, ldo, accumulate);
 }
+
+/* dst (ncols x FAT_BQ) = src (nrows x FAT_BK) transposed. */
+static void FAT_T(transpose_tile)(const REAL *restrict src, int nrows, int ncols,
+                                  REAL *restrict dst)
+{
+    for (int i = 0; i < nrows; ++i)
+        for (int j = 0; j < ncols; ++j)
+            dst[(int64_t)j * FAT_BQ + i] = src[(int64_t)i * FAT_BK + j];
+}
+
+/* out (nrows x FAT_BK) = a (nrows x n) * bt (n x FAT_BK), first ncols columns. */
+static void FAT_T(tile_matmul)(const REAL *a, int n, const REAL *bt, int nrows, int ncols,
+                               REAL *out)
+{
+    FAT_T(gemm)(nrows, ncols, n, a, n, bt, FAT_BK, out, FAT_BK, 0);
+}
+
 
 /* Scales raw dot products into scores, applies softcap (keeping 1 - tanh^2
  * in dt when dt is not NULL) and sets masked entries to -inf. */
@@ -168,8 +222,10 @@ static void FAT_T(online_update)(FAT_T(fwd_ws) *w, int nq, int nk, int dv)
         REAL *acc = w->acc + (int64_t)i * dv;
         REAL mx = -INFINITY, sum = 0;
         for (int j = 0; j < nk; ++j) mx = row[j] > mx ? row[j] : mx;
-        if (mx == -INFINITY)
-            continue; /* nothing visible in this tile */
+        if (mx == -INFINITY) {
+            for (int j = 0; j < nk; ++j) row[j] = 0; /* nothing visible here */
+            continue;
+        }
         if (mx > w->m[i]) {
             REAL alpha = REAL_EXP(w->m[i] - mx); /* 0 when m was -inf */
             w->l[i] *= alpha;
@@ -180,10 +236,8 @@ static void FAT_T(online_update)(FAT_T(fwd_ws) *w, int nq, int nk, int dv)
         for (int j = 0; j < nk; ++j) row[j] = REAL_EXP(row[j] - mi);
         for (int j = 0; j < nk; ++j) sum += row[j];
         w->l[i] += sum;
-        for (int j = 0; j < nk; ++j)
-            if (row[j] != 0)
-                FAT_T(axpy)(acc, row[j], w->v + (int64_t)j * dv, dv);
     }
+    FAT_T(gemm)(nq, dv, nk, w->s, FAT_BK, w->v, dv, w->acc, dv, 1); /* acc += P V */
 }
 
 /* o = acc / l and lse = m + log(l); o = 0, lse = -inf for rows seeing nothing.
@@ -305,6 +359,7 @@ typedef struct {
     REAL *k, *kt, *v, *vt, *dk, *dv; /* one key block */
     REAL *q, *dout, *s, *dp, *dt;    /* one query block */
     REAL *dqt;                       /* split mode: dq of one query block */
+    REAL *pt;                        /* P or dS transposed (FAT_BK x FAT_BQ) */
 } FAT_T(bwd_ws);
 
 static int FAT_T(bwd_ws_alloc)(FAT_T(bwd_ws) *w, const fat_params *p)
@@ -312,7 +367,7 @@ static int FAT_T(bwd_ws_alloc)(FAT_T(bwd_ws) *w, const fat_params *p)
     size_t nk = (size_t)FAT_BK * p->d, nv = (size_t)FAT_BK * p->d_v;
     size_t nq = (size_t)FAT_BQ * p->d, ndo = (size_t)FAT_BQ * p->d_v;
     size_t ns = (size_t)FAT_BQ * FAT_BK;
-    REAL *buf = (REAL *)malloc((3 * nk + 3 * nv + 2 * nq + ndo + 3 * ns) * sizeof(REAL));
+    REAL *buf = (REAL *)malloc((3 * nk + 3 * nv + 2 * nq + ndo + 4 * ns) * sizeof(REAL));
     if (buf == NULL)
         return 0;
     w->k = buf;
@@ -327,6 +382,7 @@ static int FAT_T(bwd_ws_alloc)(FAT_T(bwd_ws) *w, const fat_params *p)
     w->dp = w->s + ns;
     w->dt = w->dp + ns;
     w->dqt = w->dt + ns;
+    w->pt = w->dqt + nq;
     return 1;
 }
 
@@ -391,25 +447,17 @@ FAT_HOT static void FAT_T(bwd_tile)(const fat_params *p, const run_info *r, cons
     FAT_T(tile_matmul)(w->q, d, w->kt, nq, nk, w->s);
     FAT_T(mask_scores)(p, r, s, i0, nq, k0, nk, w->s, p->softcap > 0 ? w->dt : NULL);
     FAT_T(bwd_probs)(p, r, s, h, i0, nq, nk, w->s, sh->lse_exact);
-    for (int i = 0; i < nq && do_kv; ++i) /* dV += P^T dO */
-        for (int j = 0; j < nk; ++j) {
-            REAL pij = w->s[(int64_t)i * FAT_BK + j];
-            if (pij != 0)
-                FAT_T(axpy)(w->dv + (int64_t)j * dv, pij, w->dout + (int64_t)i * dv, dv);
-        }
+    if (do_kv) { /* dV += P^T dO */
+        FAT_T(transpose_tile)(w->s, nq, nk, w->pt);
+        FAT_T(gemm)(nk, dv, nq, w->pt, FAT_BQ, w->dout, dv, w->dv, dv, 1);
+    }
     FAT_T(tile_matmul)(w->dout, dv, w->vt, nq, nk, w->dp); /* dP = dO V^T */
     FAT_T(bwd_dscores)(p, s, w, sh->dsum, h, i0, nq, nk);
-    for (int i = 0; i < nq; ++i) { /* dQ += dS K, dK += dS^T Q */
-        const REAL *qi = w->q + (int64_t)i * d;
-        for (int j = 0; j < nk; ++j) {
-            REAL x = w->dp[(int64_t)i * FAT_BK + j];
-            if (x == 0)
-                continue;
-            if (dq != NULL)
-                FAT_T(axpy)(dq + i * dq_stride, x, w->k + (int64_t)j * d, d);
-            if (do_kv)
-                FAT_T(axpy)(w->dk + (int64_t)j * d, x, qi, d);
-        }
+    if (dq != NULL) /* dQ += dS K */
+        FAT_T(gemm)(nq, d, nk, w->dp, FAT_BK, w->k, d, dq, dq_stride, 1);
+    if (do_kv) { /* dK += dS^T Q */
+        FAT_T(transpose_tile)(w->dp, nq, nk, w->pt);
+        FAT_T(gemm)(nk, d, nq, w->pt, FAT_BQ, w->q, d, w->dk, d, 1);
     }
 }
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One full call on the lent H200: build the extension with the machine's torch,
+# run the main command, the GPU-visible tests and the benchmark suite; logs and
+# results go to $OUT (at most 8 files come back).
+#   usage: bash scripts/gpu_run.sh [bench args...]
+set -uo pipefail
+export PYTHONUNBUFFERED=1 MAX_JOBS=16
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c 'import torch, sys; print(sys.version, torch.__version__, torch.version.cuda)'
+  time pip install --no-build-isolation -e . -q 2>&1 | tail -5
+  python3 -m flash_attn_t --seqlen 512
+} > "$OUT/setup.log" 2>&1
+tail -20 "$OUT/setup.log"
+python3 benchmarks/bench.py --device cuda --out "$OUT/res" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
