@@ -291,6 +291,13 @@ TORCH_LIBRARY_IMPL(flash_attn_t, CPU, m) {
     m.impl("bwd", &attention_bwd);
 }
 
+// Also on CUDA, so mixed-device arguments get the ValueError naming the
+// argument and a build without CUDA kernels says so plainly (run_core).
+TORCH_LIBRARY_IMPL(flash_attn_t, CUDA, m) {
+    m.impl("fwd", &attention_fwd);
+    m.impl("bwd", &attention_bwd);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("built_backends", &built_backends,
           "Kernel paths compiled into this build");
