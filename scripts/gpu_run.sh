@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   python3 -c 'import torch, sys; print(sys.version, torch.__version__, torch.version.cuda)'
-  pip install --no-build-isolation -e . -v > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  python3 -m pip install --no-build-isolation -e . -v > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   python3 -m flash_attn_t --seqlen 512
 } > "$OUT/setup.log" 2>&1
 tail -20 "$OUT/setup.log"
