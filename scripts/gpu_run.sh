@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One full call on the lent H200: build the extension with the machine's torch,
-# run the main command, the GPU-visible tests and the benchmark suite; logs and
+# run the main command and the benchmark suite (bench args as given); logs and
 # results go to $OUT (at most 8 files come back).
 #   usage: bash scripts/gpu_run.sh [bench args...]
 set -uo pipefail
