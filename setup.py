@@ -1,22 +1,75 @@
-"""Builds flash_attn_t._C: the plain-C core (compiled as C11 with OpenMP) and the
-one C++ file that registers torch.ops.flash_attn_t.*.
+"""Builds flash_attn_t._C: the plain-C core (compiled as C11 with OpenMP), the CUDA
+kernels when torch has CUDA and nvcc is found, and the one C++ file that registers
+torch.ops.flash_attn_t.*.
 
     pip install --no-build-isolation -e .      # uses the torch already installed
 
-Environment: MAX_JOBS (parallel compile jobs, honoured by ninja), CC (the C
-compiler for the core, default cc).
+Environment:
+  MAX_JOBS                  parallel compile jobs (ninja)
+  CC                        C compiler for the core (default cc)
+  FLASH_ATTN_T_CUDA         auto (default: CUDA kernels if torch has CUDA and nvcc
+                            exists), 1 (require them), 0 (CPU only)
+  FLASH_ATTN_T_CUDA_ARCHS   semicolon list from 80, 90a (default "80;90a"); 80 builds
+                            the mma.sync kernels (run on every GPU from Ampere on),
+                            90a adds the Hopper kernels and Hopper code for the rest
+  FLASH_ATTN_T_HEADDIMS     comma list from 32,64,96,128,192,256 (default all):
+                            compiled head dims; others run padded to the next one
 """
 import glob
 import os
 import subprocess
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+import torch
+from torch.utils import cpp_extension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join(HERE, "csrc")
 C_CORE = ["csrc/fat_common.c", "csrc/cpu/fat_cpu.c"]
 C_FLAGS = ["-O3", "-std=c11", "-fopenmp", "-fPIC", "-Wall", "-Wextra", "-I" + CSRC]
+ALL_HEADDIMS = [32, 64, 96, 128, 192, 256]
+ALL_ARCHS = ["80", "90a"]
+
+
+def env_list(name, default, sep):
+    raw = os.environ.get(name, "").strip()
+    return [x.strip() for x in raw.split(sep) if x.strip()] if raw else default
+
+
+def want_cuda():
+    mode = os.environ.get("FLASH_ATTN_T_CUDA", "auto")
+    if mode not in ("auto", "0", "1"):
+        raise SystemExit(f"FLASH_ATTN_T_CUDA must be auto, 0 or 1, got {mode!r}")
+    have = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+    if mode == "1" and not have:
+        raise SystemExit("FLASH_ATTN_T_CUDA=1 but torch has no CUDA or nvcc was not found")
+    return have and mode != "0"
+
+
+def cuda_sources_and_flags():
+    headdims = [int(d) for d in env_list("FLASH_ATTN_T_HEADDIMS", ALL_HEADDIMS, ",")]
+    archs = env_list("FLASH_ATTN_T_CUDA_ARCHS", ALL_ARCHS, ";")
+    bad = [d for d in headdims if d not in ALL_HEADDIMS] + [a for a in archs if a not in ALL_ARCHS]
+    if bad or not headdims or "80" not in archs:
+        raise SystemExit(f"FLASH_ATTN_T_HEADDIMS must be from {ALL_HEADDIMS} and "
+                         f"FLASH_ATTN_T_CUDA_ARCHS must include 80, from {ALL_ARCHS}; got "
+                         f"{headdims}, {archs}")
+    sources = ["csrc/cuda/fat_cuda.cu", "csrc/cuda/fat_sm80_bwd_workspace.cu"]
+    defines = ["-DFLASH_ATTN_T_WITH_CUDA", "-DFLASH_ATTN_T_WITH_SM80"]
+    for d in sorted(headdims):
+        sources += [f"csrc/cuda/sm80_fwd_hdim{d}.cu", f"csrc/cuda/sm80_bwd_hdim{d}.cu"]
+        defines.append(f"-DFAT_HDIM_{d}")
+    gencode = ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80"]
+    if "90a" in archs:
+        gencode.append("-gencode=arch=compute_90a,code=sm_90a")
+        sm90 = [f"csrc/cuda/sm90_fwd_hdim{d}.cu" for d in sorted(headdims)]
+        sm90 = [s for s in sm90 if os.path.exists(os.path.join(HERE, s))]
+        if sm90:
+            sources += sm90
+            defines += ["-DFLASH_ATTN_T_WITH_SM90A", "-DFAT_WITH_SM90A"]
+    nvcc = ["-O3", "-std=c++17", "-lineinfo", *gencode, *defines]
+    return sources, defines, nvcc
 
 
 class BuildWithCCore(BuildExtension):
@@ -38,15 +91,17 @@ class BuildWithCCore(BuildExtension):
         super().build_extensions()
 
 
+def extension():
+    common = dict(include_dirs=[CSRC], extra_link_args=["-fopenmp"])
+    if not want_cuda():
+        return CppExtension("flash_attn_t._C", ["csrc/torch_binding.cpp"],
+                            extra_compile_args={"cxx": ["-O3"]}, **common)
+    sources, defines, nvcc = cuda_sources_and_flags()
+    return CUDAExtension("flash_attn_t._C", ["csrc/torch_binding.cpp", *sources],
+                         extra_compile_args={"cxx": ["-O3", *defines], "nvcc": nvcc}, **common)
+
+
 setup(
-    ext_modules=[
-        CppExtension(
-            "flash_attn_t._C",
-            ["csrc/torch_binding.cpp"],
-            include_dirs=[CSRC],
-            extra_compile_args={"cxx": ["-O3"]},
-            extra_link_args=["-fopenmp"],
-        )
-    ],
+    ext_modules=[extension()],
     cmdclass={"build_ext": BuildWithCCore.with_options(use_ninja=True)},
 )

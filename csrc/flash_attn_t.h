@@ -49,6 +49,13 @@ typedef enum {
     FAT_FLOAT64 = 3 /* CPU only: for gradcheck */
 } fat_dtype;
 
+/* CUDA kernel families; AUTO takes the fastest one that handles the case. */
+typedef enum {
+    FAT_BACKEND_AUTO = 0,
+    FAT_BACKEND_SM80 = 1, /* mma.sync: every GPU from Ampere on */
+    FAT_BACKEND_SM90A = 2 /* wgmma + TMA: Hopper (compute capability 9.0) */
+} fat_backend;
+
 /* Largest head dim of Q/K and of V. */
 #define FAT_MAX_HEAD_DIM 256
 
@@ -88,7 +95,15 @@ typedef struct {
 
     void *workspace; /* scratch of fat_*_workspace_bytes(); may be NULL if 0 */
     size_t workspace_bytes;
+
+    fat_backend backend; /* CUDA: kernel family to use (AUTO = best) */
 } fat_params;
+
+/* What a CUDA call did: the kernel family that ran, or why none could. */
+typedef struct {
+    fat_backend ran;
+    char message[192];
+} fat_cuda_info;
 
 /* One-line meaning of a status. */
 const char *fat_status_string(fat_status status);
@@ -107,11 +122,19 @@ void fat_effective_window(const fat_params *p, int *left, int *right);
 fat_status fat_fwd_cpu(const fat_params *p);
 fat_status fat_bwd_cpu(const fat_params *p);
 
-/* CUDA path: device pointers, work queued on stream. Built only with CUDA;
- * without a kernel for the case they return FAT_ERR_UNSUPPORTED. */
+/* CUDA path: device pointers, work queued on stream, on the current device.
+ * Needs float16/bfloat16, head dims that are multiples of 8, 16-byte aligned
+ * pointers and strides that are multiples of 8 elements; other cases return
+ * FAT_ERR_UNSUPPORTED with the reason in info->message (info may be NULL).
+ * The backward pass needs p->workspace of fat_bwd_cuda_workspace_bytes(p)
+ * bytes of device memory.  In a build without CUDA they return
+ * FAT_ERR_UNSUPPORTED. */
 struct CUstream_st;
-fat_status fat_fwd_cuda(const fat_params *p, struct CUstream_st *stream);
-fat_status fat_bwd_cuda(const fat_params *p, struct CUstream_st *stream);
+fat_status fat_fwd_cuda(const fat_params *p, struct CUstream_st *stream,
+                        fat_cuda_info *info);
+fat_status fat_bwd_cuda(const fat_params *p, struct CUstream_st *stream,
+                        fat_cuda_info *info);
+size_t fat_bwd_cuda_workspace_bytes(const fat_params *p);
 
 #ifdef __cplusplus
 }

@@ -15,17 +15,30 @@
 // in fat_validate, whose message is raised as a ValueError.
 #include <torch/extension.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
+
+#ifdef FLASH_ATTN_T_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
 
 #include "flash_attn_t.h"
 
 namespace {
 
+// Name of the CUDA kernel family that ran last on this thread ("" if none).
+thread_local std::string last_cuda_backend_name;
+
 fat_dtype to_fat_dtype(const at::Tensor &t, const char *name) {
     switch (t.scalar_type()) {
-    case at::kFloat: return FAT_FLOAT32;
+    case at::kFloat:
+        TORCH_CHECK_TYPE(!t.device().is_cuda(), name,
+                         ": the CUDA kernels take float16 or bfloat16, got float32");
+        return FAT_FLOAT32;
     case at::kHalf: return FAT_FLOAT16;
     case at::kBFloat16: return FAT_BFLOAT16;
     case at::kDouble:
@@ -169,23 +182,85 @@ void strides_of(const at::Tensor &t, bool varlen, int64_t *batch,
     *head = t.stride(varlen ? 1 : 2);
 }
 
-void run_core(const fat_params &p, const at::Tensor &q, bool backward) {
+void raise_status(fat_status st, const char *detail) {
+    const char *what = detail && detail[0] ? detail : fat_status_string(st);
+    TORCH_CHECK_VALUE(st != FAT_ERR_INVALID_ARGUMENT, "flash_attn_t: ", what);
+    TORCH_CHECK_NOT_IMPLEMENTED(st != FAT_ERR_UNSUPPORTED, "flash_attn_t: ", what);
+    TORCH_CHECK(st == FAT_OK, "flash_attn_t: ", what);
+}
+
+// FLASH_ATTN_T_BACKEND = auto (default) | sm80 | sm90a
+fat_backend requested_backend() {
+    const char *env = std::getenv("FLASH_ATTN_T_BACKEND");
+    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0)
+        return FAT_BACKEND_AUTO;
+    if (std::strcmp(env, "sm80") == 0) return FAT_BACKEND_SM80;
+    if (std::strcmp(env, "sm90a") == 0) return FAT_BACKEND_SM90A;
+    TORCH_CHECK_VALUE(false, "FLASH_ATTN_T_BACKEND must be auto, sm80 or sm90a, got '",
+                      env, "'");
+    return FAT_BACKEND_AUTO;
+}
+
+#ifdef FLASH_ATTN_T_WITH_CUDA
+void run_cuda(fat_params &p, const at::Tensor &q, bool backward) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    p.backend = requested_backend();
+    at::Tensor workspace;
+    if (backward) {
+        p.workspace_bytes = fat_bwd_cuda_workspace_bytes(&p);
+        workspace = at::empty({(int64_t)p.workspace_bytes}, q.options().dtype(at::kByte));
+        p.workspace = workspace.data_ptr();
+    }
+    fat_cuda_info info = {};
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    fat_status st = backward ? fat_bwd_cuda(&p, stream, &info) : fat_fwd_cuda(&p, stream, &info);
+    last_cuda_backend_name = info.ran == FAT_BACKEND_SM90A ? "sm90a"
+                             : info.ran == FAT_BACKEND_SM80 ? "sm80" : "";
+    raise_status(st, info.message);
+}
+#endif
+
+void run_core(fat_params &p, const at::Tensor &q, bool backward) {
     char msg[256] = "";
     const bool on_cpu = q.device().is_cpu();
     fat_status st = fat_validate(&p, backward, on_cpu, msg, sizeof msg);
     TORCH_CHECK_VALUE(st == FAT_OK, "flash_attn_t: ", msg);
     if (on_cpu) {
-        st = backward ? fat_bwd_cpu(&p) : fat_fwd_cpu(&p);
-    } else {
-        TORCH_CHECK_NOT_IMPLEMENTED(false, "flash_attn_t: this build has no "
-                                    "kernel for device ", q.device());
+        raise_status(backward ? fat_bwd_cpu(&p) : fat_fwd_cpu(&p), nullptr);
+        return;
     }
-    if (st == FAT_ERR_INVALID_ARGUMENT) {
-        TORCH_CHECK_VALUE(false, "flash_attn_t: ", fat_status_string(st));
+#ifdef FLASH_ATTN_T_WITH_CUDA
+    if (q.device().is_cuda()) {
+        run_cuda(p, q, backward);
+        return;
     }
-    TORCH_CHECK_NOT_IMPLEMENTED(st != FAT_ERR_UNSUPPORTED, "flash_attn_t: ",
-                                fat_status_string(st));
-    TORCH_CHECK(st == FAT_OK, "flash_attn_t: ", fat_status_string(st));
+#endif
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "flash_attn_t: this build has no kernel for device ",
+                                q.device());
+}
+
+// The CUDA kernels read 16-byte chunks: a head dim that is not a multiple of
+// 8 is zero-padded (exact: padded columns add 0 to every dot product and are
+// sliced off), and a tensor whose strides or start are not 16-byte aligned
+// is copied.  Identity on the CPU.
+at::Tensor kernel_ready(const at::Tensor &t) {
+    if (!t.device().is_cuda() || t.numel() == 0) return t;
+    at::Tensor r = t;
+    const int64_t d = t.size(-1);
+    if (d % 8 != 0) {
+        std::vector<int64_t> shape = t.sizes().vec();
+        shape.back() = (d + 7) / 8 * 8;
+        r = at::zeros(shape, t.options());
+        r.narrow(-1, 0, d).copy_(t);
+    }
+    bool aligned = (reinterpret_cast<uintptr_t>(r.data_ptr()) & 15u) == 0;
+    for (int64_t i = 0; i + 1 < r.dim(); ++i)
+        aligned = aligned && (r.size(i) == 1 || r.stride(i) % 8 == 0);
+    return aligned ? r : r.contiguous();
+}
+
+at::Tensor unpad_last(const at::Tensor &t, int64_t d) {
+    return t.size(-1) == d ? t : t.narrow(-1, 0, d);
 }
 
 std::tuple<at::Tensor, at::Tensor>
@@ -199,16 +274,22 @@ attention_fwd(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                max_seqlen_q, max_seqlen_k, softmax_scale,
                                causal, window_left, window_right, softcap,
                                deterministic);
+    const int64_t d_v = p.d_v;
+    const at::Tensor qr = kernel_ready(q), kr = kernel_ready(k), vr = kernel_ready(v);
+    if (!qr.is_same(q) || !kr.is_same(k) || !vr.is_same(v))
+        p = make_params(qr, kr, vr, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, softmax_scale, causal, window_left,
+                        window_right, softcap, deterministic);
     const bool varlen = cu_seqlens_q.has_value();
-    std::vector<int64_t> out_shape = q.sizes().vec();
+    std::vector<int64_t> out_shape = qr.sizes().vec();
     out_shape.back() = p.d_v;
     at::Tensor out = at::empty(out_shape, q.options());
     at::Tensor lse = varlen
         ? at::empty({p.hq, p.total_q}, q.options().dtype(at::kFloat))
         : at::empty({p.b, p.hq, p.sq}, q.options().dtype(at::kFloat));
     set_out_strides(p, out, lse, varlen);
-    run_core(p, q, false);
-    return {out, lse};
+    run_core(p, qr, false);
+    return {unpad_last(out, d_v), lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor>
@@ -242,13 +323,19 @@ attention_bwd(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &k,
                       "lse must be a row-contiguous tensor of shape ",
                       at::IntArrayRef(want_lse), " on q's device, got ",
                       lse.sizes());
-    set_out_strides(p, out, lse, varlen);
-    p.dout = dout.data_ptr();
-    strides_of(dout, varlen, &p.do_batch_stride, &p.do_row_stride,
+    const int64_t d = p.d, d_v = p.d_v;
+    const at::Tensor qr = kernel_ready(q), kr = kernel_ready(k), vr = kernel_ready(v);
+    const at::Tensor outr = kernel_ready(out), doutr = kernel_ready(dout);
+    p = make_params(qr, kr, vr, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                    max_seqlen_k, softmax_scale, causal, window_left,
+                    window_right, softcap, deterministic);
+    set_out_strides(p, outr, lse, varlen);
+    p.dout = doutr.data_ptr();
+    strides_of(doutr, varlen, &p.do_batch_stride, &p.do_row_stride,
                &p.do_head_stride);
-    at::Tensor dq = at::empty(q.sizes(), q.options());
-    at::Tensor dk = at::empty(k.sizes(), k.options());
-    at::Tensor dv = at::empty(v.sizes(), v.options());
+    at::Tensor dq = at::empty(qr.sizes(), q.options());
+    at::Tensor dk = at::empty(kr.sizes(), k.options());
+    at::Tensor dv = at::empty(vr.sizes(), v.options());
     p.dq = dq.data_ptr(), p.dk = dk.data_ptr(), p.dv = dv.data_ptr();
     strides_of(dq, varlen, &p.dq_batch_stride, &p.dq_row_stride,
                &p.dq_head_stride);
@@ -256,8 +343,8 @@ attention_bwd(const at::Tensor &dout, const at::Tensor &q, const at::Tensor &k,
                &p.dk_head_stride);
     strides_of(dv, varlen, &p.dv_batch_stride, &p.dv_row_stride,
                &p.dv_head_stride);
-    run_core(p, q, true);
-    return {dq, dk, dv};
+    run_core(p, qr, true);
+    return {unpad_last(dq, d), unpad_last(dk, d), unpad_last(dv, d_v)};
 }
 
 std::vector<std::string> built_backends() {
@@ -270,6 +357,8 @@ std::vector<std::string> built_backends() {
 #endif
     return names;
 }
+
+std::string last_cuda_backend() { return last_cuda_backend_name; }
 
 } // namespace
 
@@ -301,4 +390,6 @@ TORCH_LIBRARY_IMPL(flash_attn_t, CUDA, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("built_backends", &built_backends,
           "Kernel paths compiled into this build");
+    m.def("last_cuda_backend", &last_cuda_backend,
+          "CUDA kernel family of this thread's last CUDA call ('' if none)");
 }

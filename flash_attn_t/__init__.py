@@ -20,5 +20,11 @@ def built_backends():
     return list(_C.built_backends())
 
 
+def last_cuda_backend():
+    """The CUDA kernel family ('sm80' or 'sm90a') of this thread's last CUDA call,
+    '' if none ran.  FLASH_ATTN_T_BACKEND=auto|sm80|sm90a chooses it."""
+    return _C.last_cuda_backend()
+
+
 __all__ = ["attention", "attention_varlen", "flash_attn_func", "flash_attn_varlen_func",
-           "built_backends", "register_hf", "__version__"]
+           "built_backends", "last_cuda_backend", "register_hf", "__version__"]

@@ -1,16 +1,52 @@
 #!/usr/bin/env bash
-# One full call on the lent H200: build the extension with the machine's torch,
-# run the main command and the benchmark suite (bench args as given); logs and
-# results go to $OUT (at most 8 files come back).
-#   usage: bash scripts/gpu_run.sh [bench args...]
+# One full call on the lent GPU machine: build the extension with that
+# machine's torch, run the main command, then whatever the environment asks:
+#   TESTS="pytest args"     e.g. TESTS="-k cuda tests"   (GPU test suite)
+#   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone)
+#   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
+#                           scripts/sanitize_small.py
+#   BENCH="bench.py args"   e.g. BENCH="--suite fa3 --impl fat-sm80 sdpa-flash2"
+#   FLASH_ATTN_T_HEADDIMS / FLASH_ATTN_T_CUDA_ARCHS   restrict the build
+# Every step's log goes to $OUT/logs; everything is packed into
+# $OUT/results.tgz (few files come back from the machine).
+#   usage: TESTS=... BENCH=... bash scripts/gpu_run.sh
 set -uo pipefail
-export PYTHONUNBUFFERED=1 MAX_JOBS=16
-OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  python3 -c 'import torch, sys; print(sys.version, torch.__version__, torch.version.cuda)'
-  python3 -m pip install --no-build-isolation -e . -v > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-  python3 -m flash_attn_t --seqlen 512
-} > "$OUT/setup.log" 2>&1
-tail -20 "$OUT/setup.log"
-python3 benchmarks/bench.py --device cuda --out "$OUT/res" "$@" 2>&1 | tee "$OUT/bench.log" | tail -60
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} SM90_CHECK_ARGS=${SM90_CHECK_ARGS:-}
+OUT=${OUT:-/tmp/gpu_out}
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
+
+step() {
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$LOGS/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc, $((SECONDS - t0)) s"
+  tail -n "${TAIL:-15}" "$LOGS/$name.log"
+  return $rc
+}
+
+pack() { tar czf "$OUT/results.tgz" -C "$OUT" logs $( [ -d "$OUT/res" ] && echo res ); }
+trap pack EXIT
+
+step env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv;
+  python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"'
+if [ -n "${SM90_CHECK:-}" ]; then
+  step sm90_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
+    dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_check &&
+    TAIL=60 step sm90_check timeout 120 /tmp/sm90_check $SM90_CHECK_ARGS
+fi
+step build python3 -m pip install --no-build-isolation -e . -v || exit 1
+grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20
+step main python3 -m flash_attn_t --seqlen 1024
+if [ -n "${TESTS:-}" ]; then
+  TAIL=40 step tests timeout 300 python3 -m pytest -q -p no:cacheprovider $TESTS
+fi
+if [ -n "${SANITIZE:-}" ]; then
+  for tool in memcheck racecheck synccheck; do
+    TAIL=6 step "sanitize_$tool" compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py
+  done
+fi
+if [ -n "${BENCH:-}" ]; then
+  TAIL=60 step bench timeout 200 python3 benchmarks/bench.py --device cuda --out "$OUT/res" $BENCH
+fi

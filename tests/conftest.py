@@ -38,3 +38,16 @@ def _seed(request):
 def skip_if_unsupported(device, dtype):
     if dtype == torch.float64 and device != "cpu":
         pytest.skip("float64 is CPU only")
+
+
+def default_dtype(device):
+    """The dtype of tests that do not choose one: the CUDA kernels take 16-bit
+    floats only (float32 on CUDA is refused with a TypeError, tested)."""
+    return torch.float32 if device == "cpu" else torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _cuda_takes_16_bit(request):
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    if params.get("device") == "cuda" and params.get("dtype") in (torch.float32, torch.float64):
+        pytest.skip("CUDA kernels take float16/bfloat16")

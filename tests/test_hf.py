@@ -1,31 +1,58 @@
 """HuggingFace transformers integration (flash_attn_t/hf.py) against attn_implementation="eager".
 
-Tiny random models built from configs (no downloads). CPU runs in fp32 (tight bounds); CUDA runs
-fp32 and bf16, the bf16 bound derived from the eager-vs-sdpa difference on the same inputs.
+Tiny random models built from configs (no downloads). Two settings:
+
+* cpu-float32 (always): tight fixed bounds (relative error 1e-4, greedy tokens identical).
+* cuda-bfloat16 (only with a CUDA build of flash_attn_t and a GPU, else not collected): the
+  bounds come from the same inputs run through attn_implementation="sdpa". Eager attention in
+  bf16 rounds the scores and probabilities to bf16; SDPA's fused kernels and ours keep them in
+  fp32, so rel_err(sdpa, eager) measures how far a correct fused bf16 attention lands from
+  eager on exactly these inputs. We allow LOWP_FACTOR (3) times that plus LOWP_FLOOR (2e-3, about
+  bf16's unit roundoff 2^-9: two correct bf16 results differ by at least their output rounding).
+  Gemma 2 (attention softcap, which sdpa cannot apply) uses its eager attention computed in fp32
+  instead of sdpa (_eager_fp32_attention). Greedy generation in bf16 is checked by teacher
+  forcing rather than token identity (see test_greedy_generate_identical).
+
+FLASH_ATTN_T_TEST_CPU_BF16=1 adds a cpu-bfloat16 setting with the GPU's bounds (a way to check
+the low-precision tolerance logic without a GPU; not run by CI).
 """
+import contextlib
 import copy
+import os
+import sys
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-import flash_attn_t  # noqa: E402
+import flash_attn_t  # noqa: E402,F401
+from conftest import CUDA_BUILT  # noqa: E402
 from flash_attn_t import hf  # noqa: E402
 
 NAME = "flash_attn_t"
 
 SETTINGS = [("cpu", torch.float32)]
-if torch.cuda.is_available():
-    SETTINGS += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
+if CUDA_BUILT and torch.cuda.is_available():
+    SETTINGS.append(("cuda", torch.bfloat16))
+if os.environ.get("FLASH_ATTN_T_TEST_CPU_BF16", "") not in ("", "0"):
+    SETTINGS.append(("cpu", torch.bfloat16))
 SETTING_IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in SETTINGS]
-FP32_SETTINGS = [s for s in SETTINGS if s[1] == torch.float32]
-FP32_IDS = [f"{d}-fp32" for d, _ in FP32_SETTINGS]
+
+FP32_BOUND = 1e-4
+LOWP_FACTOR = 3.0
+LOWP_FLOOR = 2e-3
+EAGER_FP32 = "fat_test_eager_fp32"  # see _eager_fp32_attention (no "flash" in the name:
+# transformers treats any name containing it as a flash-attention kernel to load)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
     assert hf.register_hf() is True
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    AttentionInterface.register(EAGER_FP32, _eager_fp32_attention)
+    AttentionMaskInterface.register(EAGER_FP32, eager_mask)
     yield
 
 
@@ -46,12 +73,15 @@ def _mistral_cfg():
 
 
 def _gemma2_cfg():
+    # initializer_range 0.2 (default 0.02): attention scores of std ~2, so the softcap of 5
+    # changes them visibly; at the default scale they are ~0.03, tanh is the identity there and
+    # dropping the softcap passed every test
     return transformers.Gemma2Config(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         max_position_embeddings=256, sliding_window=6, attn_logit_softcapping=5.0,
         final_logit_softcapping=30.0, query_pre_attn_scalar=16, attention_dropout=0.0,
-        pad_token_id=0)
+        initializer_range=0.2, pad_token_id=0)
 
 
 def _bert_cfg():
@@ -88,17 +118,74 @@ def _grad_errs(go, gr):
                 / max(gr[n].double().norm().item(), floor)) for n in gr}
 
 
+def _lowp(dtype):
+    return dtype != torch.float32
+
+
 def _bound(dtype, sdpa_err=None):
-    if dtype == torch.float32:
-        return 1e-4
-    return 3.0 * (sdpa_err or 0.0) + 2e-3
+    """fp32: FP32_BOUND. bf16: LOWP_FACTOR * rel_err(sdpa, eager) + LOWP_FLOOR (module doc)."""
+    if not _lowp(dtype):
+        return FP32_BOUND
+    assert sdpa_err is not None, "a low-precision bound needs the sdpa-vs-eager error"
+    return LOWP_FACTOR * sdpa_err + LOWP_FLOOR
 
 
-def _sdpa_err(ref, fn):
-    """rel err of sdpa vs eager on the same model/inputs: fn(model) -> tensor."""
-    sdpa = copy.deepcopy(ref)
-    sdpa.set_attn_implementation("sdpa")
-    return _rel_err(fn(sdpa), fn(ref))
+def _eager_fp32_attention(module, query, key, value, attention_mask, **kwargs):
+    """The model's own eager attention computed in fp32 from the low-precision inputs, the output
+    rounded once: exact attention, which a fused kernel approximates. The low-precision yardstick
+    for models with an attention softcap (Gemma 2), which sdpa cannot apply."""
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    mask = None if attention_mask is None else attention_mask.float()
+    out, _ = eager(module, query.float(), key.float(), value.float(), mask, **kwargs)
+    return out.to(query.dtype), None
+
+
+def _sdpa_twin(ref):
+    """ref's weights and mode with attn_implementation="sdpa", or EAGER_FP32 for models with an
+    attention softcap, which sdpa cannot apply: transformers 5.24 refuses sdpa for Gemma 2, while
+    e.g. 5.17 accepts it and silently drops the softcap."""
+    twin = copy.deepcopy(ref)
+    softcap = getattr(ref.config, "attn_logit_softcapping", None)
+    twin.set_attn_implementation("sdpa" if ref._supports_sdpa and not softcap else EAGER_FP32)
+    return twin
+
+
+def _bound_vs_eager(ref, dtype, fn):
+    """Bound for rel_err(fn(ours), fn(ref)), fn(model) -> tensor on this test's inputs."""
+    if not _lowp(dtype):
+        return FP32_BOUND
+    with torch.no_grad():
+        return _bound(dtype, _rel_err(fn(_sdpa_twin(ref)), fn(ref)))
+
+
+def _check_grads(ref, ours, dtype, grads_fn, fp32_loss_bound=1e-5):
+    """grads_fn(model) -> (loss or None, {name: grad}); ours against eager, per parameter."""
+    lr, gr = grads_fn(ref)
+    lo, go = grads_fn(ours)
+    if _lowp(dtype):
+        ls, gs = grads_fn(_sdpa_twin(ref))
+        bounds = {n: _bound(dtype, e) for n, e in _grad_errs(gs, gr).items()}
+        lbound = None if lr is None else _bound(dtype, _rel_err(ls, lr))
+    else:
+        bounds = {n: FP32_BOUND for n in gr}
+        lbound = fp32_loss_bound
+    if lr is not None:
+        assert _rel_err(lo, lr) < lbound, (_rel_err(lo, lr), lbound)
+    assert gr.keys() == go.keys()
+    bad = {n: (e, bounds[n]) for n, e in _grad_errs(go, gr).items() if e >= bounds[n]}
+    assert not bad, bad
+
+
+def _assert_mask_matters(no_mask, ref, keep, bound, dtype):
+    """The run that ignored the padding mask must fail the bound, over the real tokens (keep):
+    fp32: by 10x over the whole batch. bf16: in these tiny random models the mask's effect is only
+    a few times the bf16 noise and sits in the padded rows, so there the worst row must be outside
+    the bound (the check that catches a dropped mask is then the per-row version of ours)."""
+    if not _lowp(dtype):
+        assert _rel_err(no_mask[keep], ref[keep]) > 10 * bound
+        return
+    worst = max(_rel_err(no_mask[b][keep[b]], ref[b][keep[b]]) for b in range(keep.shape[0]))
+    assert worst > bound, (worst, bound)
 
 
 def _ids(batch, seq, device, low=3):
@@ -154,9 +241,9 @@ def test_from_config_and_set_attn_implementation(device, dtype):
         r = ref(ids).logits
         a = ours(ids).logits
         b = other(ids).logits
-    sdpa = _sdpa_err(ref, lambda m: m(ids).logits) if dtype != torch.float32 else None
-    assert _rel_err(a, r) < _bound(dtype, sdpa)
-    assert _rel_err(b, r) < _bound(dtype, sdpa)
+    bound = _bound_vs_eager(ref, dtype, lambda m: m(ids).logits)
+    assert _rel_err(a, r) < bound
+    assert _rel_err(b, r) < bound
 
 
 # ----------------------------------------------------------------------------- logits
@@ -172,16 +259,15 @@ def test_causal_lm_padding(family, side, device, dtype):
     ids = ids.masked_fill(mask == 0, 0)
     keep = mask.bool()
     with torch.no_grad():
-        r = ref(ids, attention_mask=mask).logits[keep]
+        r = ref(ids, attention_mask=mask).logits
         a = ours(ids, attention_mask=mask).logits[keep]
-        no_mask = ours(ids).logits[keep]
+        no_mask = ours(ids).logits
     assert torch.isfinite(a).all()
-    sdpa = (_sdpa_err(ref, lambda m: m(ids, attention_mask=mask).logits[keep])
-            if dtype != torch.float32 else None)
-    assert _rel_err(a, r) < _bound(dtype, sdpa)
+    bound = _bound_vs_eager(ref, dtype, lambda m: m(ids, attention_mask=mask).logits[keep])
+    assert _rel_err(a, r[keep]) < bound
     if side == "left":  # causal + right padding: real tokens never see the pads anyway
         # the 2D mask really reaches the attention: ignoring it changes the results
-        assert _rel_err(no_mask, r) > 10 * _bound(dtype, sdpa)
+        _assert_mask_matters(no_mask, r, keep, bound, dtype)
 
 
 @pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
@@ -196,9 +282,9 @@ def test_sliding_window_is_active(device, dtype):
         for layer in ours.model.layers:
             layer.self_attn.config.sliding_window = None
         full = ours(ids).logits
-    sdpa = _sdpa_err(ref, lambda m: m(ids).logits) if dtype != torch.float32 else None
-    assert _rel_err(a, r) < _bound(dtype, sdpa)
-    assert _rel_err(full, r) > 10 * _bound(dtype, sdpa)
+    bound = _bound_vs_eager(ref, dtype, lambda m: m(ids).logits)
+    assert _rel_err(a, r) < bound
+    assert _rel_err(full, r) > 10 * bound
 
 
 @pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
@@ -210,13 +296,13 @@ def test_bert_encoder_padding(side, device, dtype):
     mask = _padding_mask([16, 9, 4], seq, side, device)
     keep = mask.bool()
     with torch.no_grad():
-        r = ref(ids, attention_mask=mask).last_hidden_state[keep]
+        r = ref(ids, attention_mask=mask).last_hidden_state
         a = ours(ids, attention_mask=mask).last_hidden_state[keep]
-        no_mask = ours(ids).last_hidden_state[keep]
-    sdpa = (_sdpa_err(ref, lambda m: m(ids, attention_mask=mask).last_hidden_state[keep])
-            if dtype != torch.float32 else None)
-    assert _rel_err(a, r) < _bound(dtype, sdpa)
-    assert _rel_err(no_mask, r) > 10 * _bound(dtype, sdpa)
+        no_mask = ours(ids).last_hidden_state
+    bound = _bound_vs_eager(ref, dtype,
+                            lambda m: m(ids, attention_mask=mask).last_hidden_state[keep])
+    assert _rel_err(a, r[keep]) < bound
+    _assert_mask_matters(no_mask, r, keep, bound, dtype)
 
 
 # ----------------------------------------------------------------------------- packing
@@ -248,45 +334,65 @@ def test_packed_sequences(family, how, device, dtype):
         separate = torch.cat([ref(x).logits for x in ids], dim=1)
         a = ours(packed, position_ids=pos, **kw).logits
         unpacked_attention = ours(packed).logits  # one long sequence: must differ
-    bound = _bound(dtype, _rel_err(torch.cat([ref(x).logits for x in ids], 1).float(),
-                                   separate.float()) if dtype != torch.float32 else None)
-    if dtype != torch.float32:
-        sdpa = copy.deepcopy(ref)
-        sdpa.set_attn_implementation("sdpa")
-        with torch.no_grad():
-            s = torch.cat([sdpa(x).logits for x in ids], dim=1)
-        bound = _bound(dtype, _rel_err(s, separate))
+    # the reference runs each sequence alone; so does sdpa for the low-precision bound
+    bound = _bound_vs_eager(ref, dtype, lambda m: torch.cat([m(x).logits for x in ids], dim=1))
     assert _rel_err(a, separate) < bound
     assert _rel_err(unpacked_attention, separate) > 10 * bound
 
 
 # ----------------------------------------------------------------------------- generation
 
-@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("family", sorted(CAUSAL))
 def test_greedy_generate_identical(family, padded, device, dtype):
     ref, ours = _pair(CAUSAL[family], device, dtype)
-    seq = 10  # + 8 new tokens > sliding windows: exercises sliding-window decoding
+    seq, new = 10, 8  # 10 + 8 new tokens > sliding windows: exercises sliding-window decoding
     ids = _ids(2, seq, device)
     mask = _padding_mask([10, 6] if padded else [10, 10], seq, "left", device)
     ids = ids.masked_fill(mask == 0, 0)
-    gen = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    gen = dict(max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None)
     torch.manual_seed(1)
     r = ref.generate(ids, attention_mask=mask, **gen)
     a = ours.generate(ids, attention_mask=mask, **gen)
-    assert r.shape == (2, seq + 8)
-    assert torch.equal(a, r), (a, r)
+    assert r.shape == a.shape == (2, seq + new)
+    assert torch.equal(a[:, :seq], ids)
+    if not _lowp(dtype):
+        assert torch.equal(a, r), (a, r)
+        return
+    # bf16: greedy tokens may legitimately differ from eager's. Two correct bf16 attentions give
+    # logits that differ by about the bf16 noise, so where eager's top two logits are closer than
+    # that (tiny random models have many near-ties), argmax may flip, and every later token then
+    # continues a different prefix. So instead of token identity, check every token that ours
+    # chose on its own prefix (teacher forcing): eager, run on ours' sequence, must rank it within
+    # `tol` of its best logit, tol = LOWP_FACTOR * the largest |sdpa - eager| logit difference on
+    # the same sequence + LOWP_FLOOR relative to the logit scale. A token chosen by a wrong decode
+    # (wrong cache, window or mask) is typically a full logit spread below eager's best and fails.
+    full_mask = torch.cat([mask, torch.ones(2, new, dtype=mask.dtype, device=device)], dim=1)
+
+    def next_token_logits(m):  # logits that predicted a[:, seq:], each on a's own prefix
+        return m(a, attention_mask=full_mask).logits[:, seq - 1:-1].float()
+
+    with torch.no_grad():
+        le = next_token_logits(ref)
+        ls = next_token_logits(_sdpa_twin(ref))
+    tol = LOWP_FACTOR * (ls - le).abs().amax().item() + LOWP_FLOOR * le.abs().amax().item()
+    gap = le.amax(-1) - le.gather(-1, a[:, seq:, None]).squeeze(-1)  # 0: eager's argmax
+    same = int((a == r).all(-1).sum())
+    # the check can fail: tol is well below the spread of eager's logits over the vocabulary
+    assert tol < 0.5 * le.std(-1).min().item(), (tol, le.std(-1).min().item())
+    assert (gap <= tol).all(), (f"tokens eager ranks more than tol={tol:.3g} below its best: "
+                                f"gaps {gap.tolist()}; {same}/2 rows identical to eager", a, r)
 
 
-@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
 def test_kv_cache_decode_logits(device, dtype):
     """Prefill then single-token steps with a DynamicCache (q len 1 vs longer keys)."""
     ref, ours = _pair(_llama_cfg, device, dtype)
     ids = _ids(2, 12, device)
     nxt = _ids(2, 3, device)
-    outs = []
-    for m in (ref, ours):
+
+    def decode(m):
         with torch.no_grad():
             o = m(ids, use_cache=True)
             pkv, logits = o.past_key_values, []
@@ -294,8 +400,9 @@ def test_kv_cache_decode_logits(device, dtype):
                 o = m(nxt[:, t:t + 1], past_key_values=pkv, use_cache=True)
                 pkv = o.past_key_values
                 logits.append(o.logits)
-        outs.append(torch.cat(logits, 1))
-    assert _rel_err(outs[1], outs[0]) < 1e-4
+        return torch.cat(logits, 1)
+
+    assert _rel_err(decode(ours), decode(ref)) < _bound_vs_eager(ref, dtype, decode)
 
 
 # ----------------------------------------------------------------------------- training
@@ -317,41 +424,26 @@ def test_training_gradients(family, device, dtype):
         return loss.detach(), {n: p.grad.detach().clone() for n, p in m.named_parameters()
                                if p.grad is not None}
 
-    lr, gr = grads(ref)
-    lo, go = grads(ours)
-    if dtype == torch.float32:
-        bounds = {n: 1e-4 for n in gr}
-        lbound = 1e-5
-    else:
-        sdpa = copy.deepcopy(ref)
-        sdpa.set_attn_implementation("sdpa")
-        ls, gs = grads(sdpa)
-        bounds = {n: _bound(dtype, e) for n, e in _grad_errs(gs, gr).items()}
-        lbound = _bound(dtype, _rel_err(ls, lr))
-    assert _rel_err(lo, lr) < lbound
-    assert gr.keys() == go.keys()
-    bad = {n: e for n, e in _grad_errs(go, gr).items() if e >= bounds[n]}
-    assert not bad, bad
+    _check_grads(ref, ours, dtype, grads)
 
 
-@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
 def test_bert_training_gradients(device, dtype):
     ref, ours = _pair(_bert_cfg, device, dtype, cls=transformers.AutoModel)
     ids = _ids(2, 12, device)
     mask = _padding_mask([12, 7], 12, "right", device)
-    w = torch.randn(19, 64, device=device)  # a LayerNorm output's mean square is ~constant
+    # a LayerNorm output's mean square is ~constant
+    w = torch.randn(19, 64, device=device, dtype=dtype)
 
     def grads(m):
         m.train()
         m.zero_grad(set_to_none=True)
         out = m(ids, attention_mask=mask).last_hidden_state
         (out[mask.bool()] * w).sum().backward()
-        return {n: p.grad.detach().clone() for n, p in m.named_parameters()
-                if p.grad is not None}
+        return None, {n: p.grad.detach().clone() for n, p in m.named_parameters()
+                      if p.grad is not None}
 
-    gr, go = grads(ref), grads(ours)
-    bad = {n: e for n, e in _grad_errs(go, gr).items() if e >= 1e-4}
-    assert not bad, bad
+    _check_grads(ref, ours, dtype, grads)
 
 
 # ----------------------------------------------------------------------------- errors
@@ -473,40 +565,71 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+def _inductor_eager_rounding():
+    """inductor keeps fused bf16 intermediates in fp32 unless told to round them as eager does;
+    with the rounding, compiled-vs-eager differences are of the kind the sdpa bound measures."""
+    import torch._inductor.config as inductor_config
+    if hasattr(inductor_config, "emulate_precision_casts"):
+        return inductor_config.patch(emulate_precision_casts=True)
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_torch_compile_fullgraph_no_recompile(family, device, dtype, _fresh_dynamo):
+    """Whole-model forward + backward under torch.compile(fullgraph=True, dynamic=True): no
+    graph break, no recompile when only the sequence length changes. CPU: aot_eager (fast);
+    CUDA: inductor (see _inductor_eager_rounding)."""
     import torch._dynamo
     ref, ours = _pair(CAUSAL[family], device, dtype)
     ours.train()
     ref.train()
+    sdpa = _sdpa_twin(ref) if _lowp(dtype) else None
 
     def step(model, ids):
         out = model(ids, labels=ids)
         return out.loss, out.logits
 
-    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
-    for i, seq in enumerate((16, 24, 11)):
-        if i == 1:
-            torch._dynamo.config.error_on_recompile = True
-        ids = _ids(2, seq, device)
-        ours.zero_grad(set_to_none=True)
-        loss, logits = compiled(ours, ids)
+    def grads(model):
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def eager_step(model, ids):
+        model.zero_grad(set_to_none=True)
+        loss, logits = step(model, ids)
         loss.backward()
-        g_ours = {n: p.grad.clone() for n, p in ours.named_parameters() if p.grad is not None}
-        ref.zero_grad(set_to_none=True)
-        rloss, rlogits = step(ref, ids)
-        rloss.backward()
-        assert _rel_err(logits, rlogits) < 1e-4
-        g_ref = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
-        bad = {n: e for n, e in _grad_errs(g_ours, g_ref).items() if e >= 1e-4}
-        assert not bad, bad
+        return logits.detach(), grads(model)
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend=backend)
+    with _inductor_eager_rounding() if backend == "inductor" else contextlib.nullcontext():
+        for i, seq in enumerate((16, 24, 11)):
+            if i == 1:
+                torch._dynamo.config.error_on_recompile = True
+            ids = _ids(2, seq, device)
+            ours.zero_grad(set_to_none=True)
+            loss, logits = compiled(ours, ids)
+            loss.backward()
+            g_ours = grads(ours)
+            rlogits, g_ref = eager_step(ref, ids)
+            if sdpa is None:
+                bound, gbounds = FP32_BOUND, {n: FP32_BOUND for n in g_ref}
+            else:
+                slogits, g_sdpa = eager_step(sdpa, ids)
+                bound = _bound(dtype, _rel_err(slogits, rlogits))
+                gbounds = {n: _bound(dtype, e) for n, e in _grad_errs(g_sdpa, g_ref).items()}
+            assert _rel_err(logits, rlogits) < bound
+            assert g_ours.keys() == g_ref.keys()
+            bad = {n: (e, gbounds[n]) for n, e in _grad_errs(g_ours, g_ref).items()
+                   if e >= gbounds[n]}
+            assert not bad, bad
 
 
-@pytest.mark.parametrize("device,dtype", FP32_SETTINGS, ids=FP32_IDS)
+@pytest.mark.parametrize("device,dtype", SETTINGS, ids=SETTING_IDS)
 def test_torch_compile_inductor_forward(device, dtype, _fresh_dynamo):
     ref, ours = _pair(_llama_cfg, device, dtype)
     compiled = torch.compile(ours, fullgraph=True)
     ids = _ids(2, 16, device)
-    with torch.no_grad():
-        assert _rel_err(compiled(ids).logits, ref(ids).logits) < 1e-4
+    with torch.no_grad(), _inductor_eager_rounding() if _lowp(dtype) else contextlib.nullcontext():
+        out = compiled(ids).logits
+        assert _rel_err(out, ref(ids).logits) < _bound_vs_eager(ref, dtype,
+                                                                lambda m: m(ids).logits)

@@ -1,0 +1,1099 @@
+/*
+ * fat_sm80_bwd.cuh - the mma.sync backward pass (Ampere and newer):
+ * dq, dk, dv of O = softmax(scale * Q K^T + mask) V, FlashAttention-2 style:
+ * P is recomputed from the forward's lse, never stored.
+ *
+ * Shapes, strides (elements) and masking are those of flash_attn_t.h and
+ * fat_cuda_internal.h; one compiled head dim D (d, d_v <= D, columns past
+ * d / d_v zero-filled on load and never stored) and element type T.  For
+ * query row i, key j of one sequence, query head h, kv head h / (hq / hkv):
+ *   s = scale q_i.k_j, s' = cap tanh(s / cap) (softcap) or s, -inf masked;
+ *   P = exp(s' - lse_i); Dot_i = dO_i.O_i; dP = dO_i.v_j;
+ *   dS = P (dP - Dot_i) [* (1 - tanh^2)]; dV_j += P dO_i; dK_j += scale dS q_i;
+ *   dQ_i += scale dS k_j.  dK/dV of a kv head sum over its group's heads.
+ *
+ * Kernels, in launch order:
+ *  1. bwd_prep_kernel, one warp per (flat query row, query head):
+ *     dot = sum_c dO * O, lse_log2 = lse * log2(e) (+inf where lse = -inf, so
+ *     P = exp2(. - lse_log2) = 0 on empty rows), and zeroes the row's fp32 dq
+ *     accumulator (non-deterministic mode).
+ *  2. dkdv_kernel, one CTA per (key block of kBlockN keys, kv head, batch):
+ *     K, V of the block stay in shared memory, dK, dV in fp32 registers.  It
+ *     loops over the group's query heads and the query blocks (kBlockM rows)
+ *     that can see the key block; each step computes, transposed so that
+ *     rows are keys, S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, then
+ *     dV += P^T dO, dK += dS^T Q and (non-deterministic) dq_accum += dS K
+ *     by atomicAdd, dS^T going through shared memory for that product.
+ *  3. non-deterministic: bwd_dq_convert_kernel, warp per (row, head):
+ *     dq = scale * dq_accum.  deterministic: dq_kernel, one CTA per (query
+ *     block, query head, batch), loops over the visible key blocks in order,
+ *     recomputes S, P, dP, dS and keeps dQ in registers.
+ *
+ * Who owns what in dkdv_kernel (kWarps warps, kSplitD of them per 16 keys):
+ *   warp w: keys key_row0 = 16 * (w / kSplitD) .. +15 of the block; for S^T
+ *   and dP^T the query columns (w % kSplitD) * kBlockM / kSplitD .. (the
+ *   whole query block when kSplitD = 1); for dK, dV the head-dim columns
+ *   (w % kSplitD) * D / kSplitD ...  With kSplitD = 1, P^T and dS^T feed
+ *   the dV, dK products straight from registers; otherwise every warp writes
+ *   its part to shared memory first.  For the dQ product warp w owns the
+ *   16 kDqMTiles query rows from 16 kDqMTiles (w % kDqWarpsM) and head-dim
+ *   columns (w / kDqWarpsM) kDqSpan .. +kDqSpan-1, kDqChunk at a time.
+ * dq_kernel: warp w owns query rows 16 w .. 16 w + 15 and all D columns.
+ * Within a warp, fragment layouts are those of fat_sm80_primitives.cuh: lane
+ * 4 g + t holds C rows g, g + 8 and columns 2t, 2t + 1 of every n8 tile.
+ *
+ * Shared-memory tiles are PaddedTile (rows 16 bytes longer than the data)
+ * rather than the swizzled SmemTile: see PaddedTile.
+ *
+ * Workspace (sm80_bwd_workspace_bytes; fp32, each array 256-byte aligned),
+ * rows_q = b * sq (dense) or total_q (varlen), flat row = b * sq + i or
+ * cu_seqlens_q[b] + i:
+ *   dq_accum (rows_q, hq, D), lse_log2 (hq, rows_q), dot (hq, rows_q).
+ */
+#pragma once
+
+#include <limits.h>
+#include <math.h>
+
+#include "fat_cuda_internal.h"
+#include "fat_sm80_primitives.cuh"
+
+namespace fat {
+namespace bwd80 {
+
+/* ---- padded shared-memory tiles ------------------------------------------ */
+
+/* Rows x Cols 2-byte elements, rows kRowBytes = 2 Cols + 16 bytes apart: the
+ * 16 pad bytes put the 8 row addresses of an ldmatrix (and the 8 rows of a C
+ * fragment store) on distinct bank groups, and every fragment address is a
+ * per-lane base plus a compile-time offset, so no per-fragment address has to
+ * live in a register (the XOR swizzle of SmemTile needs one per column
+ * offset, which spills at these tile sizes).  Same interface as SmemTile, so
+ * the loaders of fat_sm80_primitives.cuh take it. */
+template <int Rows, int Cols> struct PaddedTile {
+    static_assert(Rows % 16 == 0 && Cols % 16 == 0, "whole 16 x 16 fragments");
+    static constexpr int kRowBytes = 2 * Cols + 16;
+    static constexpr int kBytes = Rows * kRowBytes;
+    static __device__ __forceinline__ uint32_t offset(int row, int col) {
+        return (uint32_t)(row * kRowBytes + col * 2);
+    }
+    static __device__ __forceinline__ uint32_t lane_bits(int lane_row, int lane_col) {
+        return offset(lane_row, lane_col);
+    }
+    static __device__ __forceinline__ uint32_t frag_offset(int row0, int col0, uint32_t lane) {
+        return offset(row0, col0) + lane;
+    }
+};
+
+/* load_tile_async into a PaddedTile: rows >= valid_rows and columns >=
+ * valid_cols (a multiple of 8) are zero filled; all NThreads threads take part. */
+template <int Rows, int Cols, int NThreads, typename T>
+__device__ __forceinline__ void load_padded_tile_async(uint32_t smem_base, const T *gmem,
+                                                       int64_t row_stride, int valid_rows,
+                                                       int valid_cols, int tid) {
+    constexpr int kChunksPerRow = Cols / 8;
+    constexpr int kChunks = Rows * kChunksPerRow;
+    constexpr int kIters = (kChunks + NThreads - 1) / NThreads;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int i = tid + it * NThreads;
+        if (kChunks % NThreads != 0 && i >= kChunks) break;
+        const int row = i / kChunksPerRow;
+        const int col = (i % kChunksPerRow) * 8;
+        const bool valid = row < valid_rows && col < valid_cols;
+        const T *src = valid ? gmem + (int64_t)row * row_stride + col : gmem;
+        cp_async_16(smem_base + PaddedTile<Rows, Cols>::offset(row, col), src, valid);
+    }
+}
+
+/* ---- tile configuration ------------------------------------------------- */
+
+/* Columns of one dQ chunk: the largest of 64, 48, 32, 16 that divides span
+ * and keeps the chunk's accumulator (m_tiles * cols / 2 fp32 per thread)
+ * within 48 registers. */
+constexpr int dq_chunk_cols(int span, int m_tiles) {
+    return (span % 64 == 0 && m_tiles * 64 <= 96)   ? 64
+           : (span % 48 == 0 && m_tiles * 48 <= 96) ? 48
+           : span % 32 == 0                         ? 32
+                                                    : 16;
+}
+
+/* Every tile size of the backward, by head dim.  Live fp32 registers per
+ * thread of dkdv_kernel ~ (dK + dV) D / kSplitD + (S^T + dP^T) kBlockM /
+ * kSplitD (16-key warp tiles); with addressing they must fit 255 without
+ * spills (ptxas -v, sm_80 and sm_90a).  Shared memory (padded tiles) must
+ * fit the 163 KB of an A100: D >= 192 single-buffers Q / dO. */
+template <int D> struct BwdConfig {
+    /* dkdv_kernel */
+    static constexpr int kWarps = 8;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kSplitD = D >= 192 ? 2 : 1;
+    static constexpr int kBlockN = 16 * kWarps / kSplitD;
+    static constexpr int kBlockM = D <= 32 ? 128 : 64;
+    static constexpr int kStages = D >= 192 ? 1 : 2; /* Q / dO / lse / dot buffers */
+    static constexpr int kSTiles = kBlockM / kSplitD / 8;  /* n8 tiles of S^T per warp */
+    static constexpr int kKvTiles = D / kSplitD / 8;       /* n8 tiles of dK, dV per warp */
+    static constexpr int kDqMTiles = D >= 128 ? 2 : 1; /* m16 tiles per warp in dQ */
+    static constexpr int kDqWarpsM = kBlockM / (16 * kDqMTiles);
+    static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
+    static constexpr int kDqSpan = D / kDqWarpsD;
+    static constexpr int kDqChunk = dq_chunk_cols(kDqSpan, kDqMTiles);
+    /* dq_kernel (deterministic mode) */
+    static constexpr int kQWarps = 4;
+    static constexpr int kQThreads = 32 * kQWarps;
+    static constexpr int kQBlockM = 16 * kQWarps;
+    static constexpr int kQBlockN = 64;
+    static constexpr int kQStages = D >= 256 ? 1 : 2; /* K / V buffers */
+
+    static_assert(kWarps % kSplitD == 0, "warps split evenly over key rows");
+    static_assert(kSTiles % 2 == 0 && kKvTiles % 2 == 0, "warp tiles are whole n16 pairs");
+    static_assert(kDqWarpsM * 16 * kDqMTiles == kBlockM && kDqWarpsM * kDqWarpsD == kWarps,
+                  "dQ warps cover the query block");
+    static_assert(kDqSpan % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ chunks are n16 pairs");
+    static_assert(2 * kBlockM <= kThreads, "one thread per lse / dot entry");
+    static_assert(D % 32 == 0 && D <= FAT_MAX_HEAD_DIM, "compiled head dims");
+};
+
+/* Byte offsets of dkdv_kernel's shared memory (all multiples of 16). */
+template <int D> struct DkdvSmem {
+    using Cfg = BwdConfig<D>;
+    using KvTile = PaddedTile<Cfg::kBlockN, D>;           /* K, V: [key][col] */
+    using QTile = PaddedTile<Cfg::kBlockM, D>;            /* Q, dO: [query][col] */
+    using DsTile = PaddedTile<Cfg::kBlockN, Cfg::kBlockM>; /* dS^T, P^T: [key][query] */
+    static constexpr int kK = 0;
+    static constexpr int kV = kK + KvTile::kBytes;
+    static constexpr int kQ = kV + KvTile::kBytes;
+    static constexpr int kDout = kQ + Cfg::kStages * QTile::kBytes;
+    static constexpr int kDs = kDout + Cfg::kStages * QTile::kBytes;
+    static constexpr int kP = kDs + DsTile::kBytes; /* only when kSplitD > 1 */
+    static constexpr int kLse = kP + (Cfg::kSplitD > 1 ? DsTile::kBytes : 0);
+    static constexpr int kDot = kLse + Cfg::kStages * Cfg::kBlockM * 4;
+    static constexpr int kBytes = kDot + Cfg::kStages * Cfg::kBlockM * 4;
+};
+
+/* Byte offsets of dq_kernel's shared memory. */
+template <int D> struct DqSmem {
+    using Cfg = BwdConfig<D>;
+    using QTile = PaddedTile<Cfg::kQBlockM, D>;  /* Q, dO: [query][col] */
+    using KvTile = PaddedTile<Cfg::kQBlockN, D>; /* K, V: [key][col] */
+    static constexpr int kQ = 0;
+    static constexpr int kDout = kQ + QTile::kBytes;
+    static constexpr int kK = kDout + QTile::kBytes;
+    static constexpr int kV = kK + Cfg::kQStages * KvTile::kBytes;
+    static constexpr int kBytes = kV + Cfg::kQStages * KvTile::kBytes;
+};
+
+/* ---- workspace ---------------------------------------------------------- */
+
+struct WorkspaceLayout {
+    int64_t rows_q;
+    size_t dq_accum, lse_log2, dot, total; /* byte offsets, total size */
+};
+
+inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+inline WorkspaceLayout workspace_layout(const fat_params &p, int padded_d) {
+    WorkspaceLayout w;
+    w.rows_q = p.cu_seqlens_q ? p.total_q : (int64_t)p.b * p.sq;
+    const size_t per_row = (size_t)w.rows_q * p.hq * sizeof(float);
+    w.dq_accum = 0;
+    w.lse_log2 = align256(per_row * padded_d);
+    w.dot = w.lse_log2 + align256(per_row);
+    w.total = w.dot + align256(per_row);
+    return w;
+}
+
+/* ---- what every kernel needs besides fat_params -------------------------- */
+
+struct BwdArgs {
+    fat_params p;
+    float *dq_accum;               /* (rows_q, hq, D) fp32 */
+    float *lse_log2;               /* (hq, rows_q) */
+    float *dot;                    /* (hq, rows_q) */
+    int64_t rows_q;
+    int window_left, window_right; /* after causal; -1 = unbounded */
+    float scale;                   /* softmax_scale */
+    float scale_log2;              /* softmax_scale * log2(e) */
+    float tanh_scale;              /* softmax_scale / softcap (softcap > 0) */
+    float cap_log2;                /* softcap * log2(e) */
+    int softcap;                   /* softcap > 0 */
+};
+
+inline BwdArgs make_args(const fat_params &p, int padded_d) {
+    const double log2e = 1.4426950408889634;
+    const WorkspaceLayout w = workspace_layout(p, padded_d);
+    unsigned char *ws = static_cast<unsigned char *>(p.workspace);
+    BwdArgs a;
+    a.p = p;
+    a.dq_accum = reinterpret_cast<float *>(ws + w.dq_accum);
+    a.lse_log2 = reinterpret_cast<float *>(ws + w.lse_log2);
+    a.dot = reinterpret_cast<float *>(ws + w.dot);
+    a.rows_q = w.rows_q;
+    fat_effective_window(&p, &a.window_left, &a.window_right);
+    a.scale = (float)p.softmax_scale;
+    a.scale_log2 = (float)(p.softmax_scale * log2e);
+    a.softcap = p.softcap > 0;
+    a.tanh_scale = a.softcap ? (float)(p.softmax_scale / p.softcap) : 0.f;
+    a.cap_log2 = (float)(p.softcap * log2e);
+    return a;
+}
+
+/* ---- small device helpers ------------------------------------------------ */
+
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* tanh(x) = 1 - 2 / (exp(2x) + 1) without branches; absolute error ~1e-7,
+ * exactly +-1 once exp(2x) over- or underflows. */
+__device__ __forceinline__ float tanh_approx(float x) {
+    float r;
+    const float e = exp2_approx(x * 2.8853900817779268f); /* 2 log2(e) */
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(e + 1.f));
+    return 1.f - 2.f * r;
+}
+
+/* 4-byte cp.async, or 4 zero bytes when !valid (src is not read). */
+__device__ __forceinline__ void cp_async_4(uint32_t smem_addr, const void *gmem, bool valid) {
+    const int src_bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem),
+                 "r"(src_bytes));
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(value));
+}
+
+__device__ __forceinline__ int clamp_to_int(long long x) {
+    return x > INT_MAX ? INT_MAX : x < INT_MIN ? INT_MIN : (int)x;
+}
+
+/* Element offset of flat query row r (see the header) of head h. */
+__device__ __forceinline__ int64_t flat_row_offset(const fat_params &p, int64_t r, int h,
+                                                   int64_t batch_stride, int64_t row_stride,
+                                                   int64_t head_stride) {
+    const int64_t rows = p.cu_seqlens_q ? r * row_stride
+                                        : (r / p.sq) * batch_stride + (r % p.sq) * row_stride;
+    return rows + (int64_t)h * head_stride;
+}
+
+/* ---- per-sequence geometry and masking ------------------------------------ */
+
+struct Geometry {
+    SeqInfo seq;
+    int batch;       /* b for dense batches, 0 for varlen (batch strides ignored) */
+    int64_t flat_q0; /* first flat query row of the sequence */
+    int lo, hi;      /* key j is visible from query i iff lo <= j - i <= hi */
+
+    /* Element offset of query-side row i / key-side row j (head not added). */
+    __device__ __forceinline__ int64_t q_offset(int64_t batch_stride, int64_t row_stride,
+                                                int i) const {
+        return (int64_t)batch * batch_stride + (seq.q_start + i) * row_stride;
+    }
+    __device__ __forceinline__ int64_t k_offset(int64_t batch_stride, int64_t row_stride,
+                                                int j) const {
+        return (int64_t)batch * batch_stride + (seq.k_start + j) * row_stride;
+    }
+    __device__ __forceinline__ bool visible(int key, int query) const {
+        const int diff = key - query;
+        return key < seq.sk && query < seq.sq && diff >= lo && diff <= hi;
+    }
+    /* Whether some element of keys [k0, k0 + nk) x queries [q0, q0 + nq) is
+     * masked (past the end of either sequence or outside the window). */
+    __device__ __forceinline__ bool tile_needs_mask(int k0, int nk, int q0, int nq) const {
+        return k0 + nk > seq.sk || q0 + nq > seq.sq || k0 + nk - 1 - q0 > hi ||
+               k0 - (q0 + nq - 1) < lo;
+    }
+};
+
+__device__ __forceinline__ Geometry make_geometry(const BwdArgs &args, int b) {
+    const fat_params &p = args.p;
+    Geometry geo;
+    geo.seq = seq_info(p.cu_seqlens_q, p.cu_seqlens_k, b, p.sq, p.sk);
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    geo.batch = varlen ? 0 : b;
+    geo.flat_q0 = varlen ? geo.seq.q_start : (int64_t)b * p.sq;
+    const long long shift = (long long)geo.seq.sk - geo.seq.sq;
+    geo.hi = args.window_right < 0 ? INT_MAX : clamp_to_int(shift + args.window_right);
+    geo.lo = args.window_left < 0 ? INT_MIN : clamp_to_int(shift - args.window_left);
+    return geo;
+}
+
+/* Blocks [first, first + count) of block_size rows. */
+struct BlockRange {
+    int first, count;
+};
+
+__device__ __forceinline__ BlockRange rows_to_blocks(long long lo, long long hi, int block_size) {
+    BlockRange r = {0, 0};
+    if (lo <= hi) {
+        r.first = (int)(lo / block_size);
+        r.count = (int)(hi / block_size) - r.first + 1;
+    }
+    return r;
+}
+
+/* Query blocks holding a row that sees one of the keys [k0, k0 + nk). */
+__device__ __forceinline__ BlockRange query_blocks_seeing(const Geometry &geo, int k0, int nk,
+                                                          int block_m) {
+    const int k_last = min(k0 + nk, geo.seq.sk) - 1;
+    const long long lo = max(0LL, (long long)k0 - geo.hi);
+    const long long hi = min((long long)geo.seq.sq - 1, (long long)k_last - geo.lo);
+    return rows_to_blocks(lo, hi, block_m);
+}
+
+/* Key blocks holding a key seen by one of the query rows [q0, q0 + nq). */
+__device__ __forceinline__ BlockRange key_blocks_seen(const Geometry &geo, int q0, int nq,
+                                                      int block_n) {
+    const int q_last = min(q0 + nq, geo.seq.sq) - 1;
+    const long long lo = max(0LL, (long long)q0 + geo.lo);
+    const long long hi = min((long long)geo.seq.sk - 1, (long long)q_last + geo.hi);
+    return rows_to_blocks(lo, hi, block_n);
+}
+
+/* ---- elementwise: scores to P, dP to dS ---------------------------------- */
+
+struct GradMath {
+    float scale_log2, tanh_scale, cap_log2;
+
+    /* s (raw q.k) becomes P, dp becomes dS; lse_log2 = +inf gives P = 0. */
+    template <bool kSoftcap>
+    __device__ __forceinline__ void apply(float &s, float &dp, float lse_log2, float dot) const {
+        if (kSoftcap) {
+            const float t = tanh_approx(s * tanh_scale);
+            const float prob = exp2_approx(cap_log2 * t - lse_log2);
+            s = prob;
+            dp = prob * (dp - dot) * (1.f - t * t);
+        } else {
+            const float prob = exp2_approx(s * scale_log2 - lse_log2);
+            s = prob;
+            dp = prob * (dp - dot);
+        }
+    }
+};
+
+__device__ __forceinline__ GradMath make_grad_math(const BwdArgs &args) {
+    GradMath m;
+    m.scale_log2 = args.scale_log2;
+    m.tanh_scale = args.tanh_scale;
+    m.cap_log2 = args.cap_log2;
+    return m;
+}
+
+/* Transposed tiles of one warp (rows keys, columns queries): P^T and dS^T
+ * from S^T and dP^T in place; lse_log2 / dot are shared-memory arrays
+ * indexed by the tile-local query column col0 + 8j + 2t (+1). */
+template <bool kSoftcap, int NTiles>
+__device__ __forceinline__ void grads_by_column(float (&s)[NTiles][4], float (&dp)[NTiles][4],
+                                                const float *lse_log2, const float *dot,
+                                                const GradMath &m, int col0, int lane) {
+    const int t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NTiles; ++j) {
+        const int col = col0 + 8 * j + 2 * t;
+        const float2 l = *reinterpret_cast<const float2 *>(lse_log2 + col);
+        const float2 o = *reinterpret_cast<const float2 *>(dot + col);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            m.apply<kSoftcap>(s[j][e], dp[j][e], (e & 1) ? l.y : l.x, (e & 1) ? o.y : o.x);
+    }
+}
+
+/* Row-major tiles of one warp (rows queries g, g + 8, lse_log2 / dot of those
+ * rows in registers, columns keys): P and dS from S and dP in place. */
+template <bool kSoftcap, int NTiles>
+__device__ __forceinline__ void grads_by_row(float (&s)[NTiles][4], float (&dp)[NTiles][4],
+                                             const float (&lse_log2)[2], const float (&dot)[2],
+                                             const GradMath &m) {
+#pragma unroll
+    for (int j = 0; j < NTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            m.apply<kSoftcap>(s[j][e], dp[j][e], lse_log2[e >> 1], dot[e >> 1]);
+}
+
+/* Zeroes P and dS where key / query is masked.  Fragment element e of n8
+ * tile j is at row row0 + g + 8 (e / 2), column col0 + 8j + 2t + e % 2
+ * (absolute indices); keys_are_rows says which of the two is the key. */
+template <int NTiles>
+__device__ __forceinline__ void zero_masked(float (&p)[NTiles][4], float (&ds)[NTiles][4],
+                                            const Geometry &geo, int row0, int col0,
+                                            bool keys_are_rows, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + g + 8 * (e >> 1), col = col0 + 8 * j + 2 * t + (e & 1);
+            const bool vis = keys_are_rows ? geo.visible(row, col) : geo.visible(col, row);
+            p[j][e] = vis ? p[j][e] : 0.f;
+            ds[j][e] = vis ? ds[j][e] : 0.f;
+        }
+}
+
+/* C tiles converted to T pairs: packed[j][h] = row g + 8h, columns 2t, 2t+1. */
+template <typename T, int NTiles>
+__device__ __forceinline__ void pack_c(uint32_t (&packed)[NTiles][2], const float (&c)[NTiles][4]) {
+#pragma unroll
+    for (int j = 0; j < NTiles; ++j) {
+        packed[j][0] = elem<T>::pack(c[j][0], c[j][1]);
+        packed[j][1] = elem<T>::pack(c[j][2], c[j][3]);
+    }
+}
+
+/* ---- warp-level products --------------------------------------------------- */
+
+/* acc (16 x 8 NTiles) += A B^T over k = 16 KSteps: A = rows a_row0.. of tile
+ * TA (stored [m][k]), B^T = rows b_row0.. of tile TB (stored [n][k]). */
+template <typename T, class TA, class TB, int KSteps, int NTiles>
+__device__ __forceinline__ void mma_a_bt(float (&acc)[NTiles][4], uint32_t a_tile, int a_row0,
+                                         uint32_t b_tile, int b_row0, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < KSteps; ++ks) {
+        uint32_t a[4];
+        load_a<TA>(a, a_tile, a_row0, ks * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NTiles / 2; ++np) {
+            uint32_t b[4];
+            load_b_nk<TB>(b, b_tile, b_row0 + np * 16, ks * 16, lane);
+            mma_16816<T>(acc[2 * np], a, b);
+            mma_16816<T>(acc[2 * np + 1], a, b + 2);
+        }
+    }
+}
+
+/* acc (16 x 8 NTiles) += A B over k = 16 KSteps: A fragment ks from
+ * load_frag(a, ks), B = columns b_col0.. of tile TB (stored [k][n]). */
+template <typename T, class TB, int KSteps, int NTiles, class AFrags>
+__device__ __forceinline__ void mma_a_b(float (&acc)[NTiles][4], const AFrags &load_frag,
+                                        uint32_t b_tile, int b_col0, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < KSteps; ++ks) {
+        uint32_t a[4];
+        load_frag(a, ks);
+#pragma unroll
+        for (int np = 0; np < NTiles / 2; ++np) {
+            uint32_t b[4];
+            load_b_kn<TB>(b, b_tile, b_col0 + np * 16, ks * 16, lane);
+            mma_16816<T>(acc[2 * np], a, b);
+            mma_16816<T>(acc[2 * np + 1], a, b + 2);
+        }
+    }
+}
+
+/* A fragments from packed C tiles in registers (P^T, dS^T, dS): k16 step
+ * ks is n8 tiles 2 ks, 2 ks + 1 (the layout c_pair_to_a produces). */
+template <int NTiles> struct RegisterA {
+    const uint32_t (&packed)[NTiles][2];
+    __device__ __forceinline__ void operator()(uint32_t a[4], int ks) const {
+        a[0] = packed[2 * ks][0];
+        a[1] = packed[2 * ks][1];
+        a[2] = packed[2 * ks + 1][0];
+        a[3] = packed[2 * ks + 1][1];
+    }
+};
+
+/* A fragments of rows m0.. of a tile stored [m][k]. */
+template <class Tile> struct SharedA {
+    uint32_t tile;
+    int m0, lane;
+    __device__ __forceinline__ void operator()(uint32_t a[4], int ks) const {
+        load_a<Tile>(a, tile, m0, ks * 16, lane);
+    }
+};
+
+/* A fragments of A = X^T, rows m0.., where the tile stores X as [k][m]. */
+template <class Tile> struct SharedATransposed {
+    uint32_t tile;
+    int m0, lane;
+    __device__ __forceinline__ void operator()(uint32_t a[4], int ks) const {
+        load_a_trans<Tile>(a, tile, m0, ks * 16, lane);
+    }
+};
+
+/* Writes packed C tiles (rows row0 + g, + 8; columns col0 + 8j + 2t) into a tile. */
+template <class Tile, int NTiles>
+__device__ __forceinline__ void store_packed_to_smem(uint32_t tile,
+                                                     const uint32_t (&packed)[NTiles][2],
+                                                     int row0, int col0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NTiles; ++j) {
+        const int col = col0 + 8 * j + 2 * t;
+        st_shared_u32(tile + Tile::offset(row0 + g, col), packed[j][0]);
+        st_shared_u32(tile + Tile::offset(row0 + g + 8, col), packed[j][1]);
+    }
+}
+
+/* Stores scale * C tiles into global rows (row0 + g, + 8) < row_limit,
+ * columns (col0 + 8j + 2t) < col_limit; dst points at row 0, column 0. */
+template <typename T, int NTiles>
+__device__ __forceinline__ void store_c_to_global(T *dst, int64_t row_stride,
+                                                  const float (&c)[NTiles][4], int row0,
+                                                  int row_limit, int col0, int col_limit,
+                                                  float scale, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = row0 + g + 8 * half;
+        if (row >= row_limit) continue;
+        T *out = dst + (int64_t)row * row_stride + col0 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < NTiles; ++j)
+            if (col0 + 8 * j + 2 * t < col_limit)
+                *reinterpret_cast<uint32_t *>(out + 8 * j) =
+                    elem<T>::pack(c[j][2 * half] * scale, c[j][2 * half + 1] * scale);
+    }
+}
+
+/* atomicAdd of C tiles into fp32 rows (g, g + 8) < row_limit, columns
+ * (col0 + 8j + 2t) < col_limit; dst points at the warp's row 0, column 0
+ * (8-byte aligned: one float2 atomic per pair on sm90). */
+template <int NTiles>
+__device__ __forceinline__ void atomic_add_c(float *dst, int64_t row_stride,
+                                             const float (&c)[NTiles][4], int row_limit,
+                                             int col0, int col_limit, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = g + 8 * half;
+        if (row >= row_limit) continue;
+        float *out = dst + (int64_t)row * row_stride + col0 + 2 * t;
+#pragma unroll
+        for (int j = 0; j < NTiles; ++j)
+            if (col0 + 8 * j + 2 * t < col_limit) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                atomicAdd(reinterpret_cast<float2 *>(out + 8 * j),
+                          make_float2(c[j][2 * half], c[j][2 * half + 1]));
+#else
+                atomicAdd(out + 8 * j, c[j][2 * half]);
+                atomicAdd(out + 8 * j + 1, c[j][2 * half + 1]);
+#endif
+            }
+    }
+}
+
+template <int NTiles> __device__ __forceinline__ void zero_c(float (&c)[NTiles][4]) {
+#pragma unroll
+    for (int j = 0; j < NTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[j][e] = 0.f;
+}
+
+/* ---- 1. preprocess: dot, lse_log2, dq accumulator = 0 --------------------- */
+
+constexpr int kRowWarps = 8; /* (row, head) pairs per CTA of the row kernels */
+
+template <typename T>
+__device__ __forceinline__ void unpack8(float (&x)[8], const uint4 &chunk) {
+    const T *e = reinterpret_cast<const T *>(&chunk);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = elem<T>::to_float(e[k]);
+}
+
+/* One warp per (flat row r, head h), item = r * hq + h; lane owns columns
+ * 8 lane .. 8 lane + 7 (D <= 256 = 32 * 8). */
+template <typename T, int D>
+__global__ void __launch_bounds__(32 * kRowWarps) bwd_prep_kernel(const BwdArgs args) {
+    const fat_params &p = args.p;
+    const int64_t item = (int64_t)blockIdx.x * kRowWarps + threadIdx.x / 32;
+    if (item >= args.rows_q * p.hq) return;
+    const int64_t r = item / p.hq;
+    const int h = (int)(item % p.hq);
+    const int lane = threadIdx.x & 31, col = lane * 8;
+
+    float acc = 0.f;
+    if (col < p.d_v) {
+        const T *o = static_cast<const T *>(p.o) +
+                     flat_row_offset(p, r, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+        const T *dout = static_cast<const T *>(p.dout) +
+                        flat_row_offset(p, r, h, p.do_batch_stride, p.do_row_stride,
+                                        p.do_head_stride);
+        float x[8], y[8];
+        unpack8<T>(x, *reinterpret_cast<const uint4 *>(o + col));
+        unpack8<T>(y, *reinterpret_cast<const uint4 *>(dout + col));
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc += x[k] * y[k];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+
+    if (lane == 0) {
+        const int64_t lse_off = p.cu_seqlens_q
+                                    ? (int64_t)h * p.lse_head_stride + r
+                                    : (r / p.sq) * p.lse_batch_stride +
+                                          (int64_t)h * p.lse_head_stride + r % p.sq;
+        const float lse = p.lse[lse_off];
+        args.dot[(int64_t)h * args.rows_q + r] = acc;
+        args.lse_log2[(int64_t)h * args.rows_q + r] =
+            lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    }
+    if (!p.deterministic && col < D) {
+        float4 *dq = reinterpret_cast<float4 *>(args.dq_accum + item * D + col);
+        dq[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+        dq[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+/* ---- 3a. dq = scale * dq accumulator (non-deterministic mode) -------------- */
+
+template <typename T, int D>
+__global__ void __launch_bounds__(32 * kRowWarps) bwd_dq_convert_kernel(const BwdArgs args) {
+    const fat_params &p = args.p;
+    const int64_t item = (int64_t)blockIdx.x * kRowWarps + threadIdx.x / 32;
+    if (item >= args.rows_q * p.hq) return;
+    const int64_t r = item / p.hq;
+    const int h = (int)(item % p.hq);
+    const int col = (threadIdx.x & 31) * 8;
+    if (col >= p.d) return;
+    const float4 *acc = reinterpret_cast<const float4 *>(args.dq_accum + item * D + col);
+    const float4 lo = acc[0], hi = acc[1];
+    const float s = args.scale;
+    uint4 out;
+    out.x = elem<T>::pack(lo.x * s, lo.y * s);
+    out.y = elem<T>::pack(lo.z * s, lo.w * s);
+    out.z = elem<T>::pack(hi.x * s, hi.y * s);
+    out.w = elem<T>::pack(hi.z * s, hi.w * s);
+    T *dq = static_cast<T *>(p.dq) +
+            flat_row_offset(p, r, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+    *reinterpret_cast<uint4 *>(dq + col) = out;
+}
+
+/* ---- 2. dK, dV (and the atomic dQ) of one key block ------------------------ */
+
+/* What one warp of dkdv_kernel owns (see the header). */
+template <int D> struct DkdvWarp {
+    int lane;
+    int key_row0; /* first of its 16 keys, block-local */
+    int s_col0;   /* first query column of its S^T / dP^T part */
+    int kv_col0;  /* first head-dim column of its dK / dV part */
+    int dq_row0;  /* first of its 16 kDqMTiles query rows in the dQ product */
+    int dq_col0;  /* first head-dim column of its dQ part */
+};
+
+template <int D> __device__ __forceinline__ DkdvWarp<D> make_dkdv_warp(int warp, int lane) {
+    using Cfg = BwdConfig<D>;
+    DkdvWarp<D> w;
+    w.lane = lane;
+    w.key_row0 = 16 * (warp / Cfg::kSplitD);
+    w.s_col0 = (warp % Cfg::kSplitD) * (Cfg::kBlockM / Cfg::kSplitD);
+    w.kv_col0 = (warp % Cfg::kSplitD) * (D / Cfg::kSplitD);
+    w.dq_row0 = 16 * Cfg::kDqMTiles * (warp % Cfg::kDqWarpsM);
+    w.dq_col0 = (warp / Cfg::kDqWarpsM) * Cfg::kDqSpan;
+    return w;
+}
+
+/* Starts the async loads of one step: Q, dO rows q0.. of head h and their
+ * lse_log2, dot (zero past the sequence end) into buffer buf. */
+template <typename T, int D>
+__device__ __forceinline__ void load_query_step(const BwdArgs &args, const Geometry &geo,
+                                                uint32_t smem, int h, int q0, int buf, int tid) {
+    using Cfg = BwdConfig<D>;
+    using L = DkdvSmem<D>;
+    constexpr int BM = Cfg::kBlockM;
+    const fat_params &p = args.p;
+    const int rows = geo.seq.sq - q0;
+    const T *q = static_cast<const T *>(p.q) + geo.q_offset(p.q_batch_stride, p.q_row_stride, q0) +
+                 (int64_t)h * p.q_head_stride;
+    const T *dout = static_cast<const T *>(p.dout) +
+                    geo.q_offset(p.do_batch_stride, p.do_row_stride, q0) +
+                    (int64_t)h * p.do_head_stride;
+    load_padded_tile_async<BM, D, Cfg::kThreads>(smem + L::kQ + buf * L::QTile::kBytes, q,
+                                                 p.q_row_stride, rows, p.d, tid);
+    load_padded_tile_async<BM, D, Cfg::kThreads>(smem + L::kDout + buf * L::QTile::kBytes, dout,
+                                                 p.do_row_stride, rows, p.d_v, tid);
+    const int64_t stats = (int64_t)h * args.rows_q + geo.flat_q0 + q0;
+    if (tid < 2 * BM) {
+        const int i = tid % BM;
+        const float *src = (tid < BM ? args.lse_log2 : args.dot) + stats;
+        const uint32_t dst = smem + (tid < BM ? L::kLse : L::kDot) + 4 * (buf * BM + i);
+        cp_async_4(dst, i < rows ? src + i : src, i < rows);
+    }
+}
+
+/* acc[mt] (16 x 8 NTiles each) += dS K for the query rows m0 + 16 mt.. and
+ * head-dim columns col0..: A = dS from the dS^T tile, B = K. */
+template <typename T, int D, int MTiles, int NTiles>
+__device__ __forceinline__ void mma_dq(float (&acc)[MTiles][NTiles][4], uint32_t smem, int m0,
+                                       int col0, int lane) {
+    using L = DkdvSmem<D>;
+#pragma unroll
+    for (int ks = 0; ks < BwdConfig<D>::kBlockN / 16; ++ks) {
+        uint32_t a[MTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < MTiles; ++mt)
+            load_a_trans<typename L::DsTile>(a[mt], smem + L::kDs, m0 + 16 * mt, ks * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NTiles / 2; ++np) {
+            uint32_t b[4];
+            load_b_kn<typename L::KvTile>(b, smem + L::kK, col0 + np * 16, ks * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MTiles; ++mt) {
+                mma_16816<T>(acc[mt][2 * np], a[mt], b);
+                mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+            }
+        }
+    }
+}
+
+/* dQ rows q0.. of head h += dS K (dS^T in shared memory), by atomicAdd. */
+template <typename T, int D>
+__device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry &geo,
+                                             uint32_t smem, const DkdvWarp<D> &w, int h, int q0) {
+    using Cfg = BwdConfig<D>;
+    constexpr int MT = Cfg::kDqMTiles, NT = Cfg::kDqChunk / 8;
+    const int64_t row_stride = (int64_t)args.p.hq * D;
+    float *dst = args.dq_accum + (geo.flat_q0 + q0 + w.dq_row0) * row_stride + (int64_t)h * D;
+    const int row_limit = geo.seq.sq - q0 - w.dq_row0;
+#pragma unroll 1
+    for (int c = 0; c < Cfg::kDqSpan / Cfg::kDqChunk; ++c) {
+        const int col0 = w.dq_col0 + c * Cfg::kDqChunk;
+        float acc[MT][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) zero_c(acc[mt]);
+        mma_dq<T, D>(acc, smem, w.dq_row0, col0, w.lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            atomic_add_c(dst + 16 * mt * row_stride, row_stride, acc[mt], row_limit - 16 * mt,
+                         col0, args.p.d, w.lane);
+    }
+}
+
+/* P^T, dS^T of one step from S^T, dP^T (rows keys k0 + key_row0..,
+ * columns queries q0 + s_col0..), packed to T. */
+template <typename T, int D>
+__device__ __forceinline__ void dkdv_step_grads(
+    const BwdArgs &args, const Geometry &geo, const float *lse_log2, const float *dot,
+    const DkdvWarp<D> &w, int k0, int q0, float (&s)[BwdConfig<D>::kSTiles][4],
+    float (&dp)[BwdConfig<D>::kSTiles][4], uint32_t (&p_packed)[BwdConfig<D>::kSTiles][2],
+    uint32_t (&ds_packed)[BwdConfig<D>::kSTiles][2]) {
+    using Cfg = BwdConfig<D>;
+    const GradMath m = make_grad_math(args);
+    if (args.softcap)
+        grads_by_column<true>(s, dp, lse_log2, dot, m, w.s_col0, w.lane);
+    else
+        grads_by_column<false>(s, dp, lse_log2, dot, m, w.s_col0, w.lane);
+    if (geo.tile_needs_mask(k0, Cfg::kBlockN, q0, Cfg::kBlockM))
+        zero_masked(s, dp, geo, k0 + w.key_row0, q0 + w.s_col0, true, w.lane);
+    pack_c<T>(p_packed, s);
+    pack_c<T>(ds_packed, dp);
+}
+
+/* One step of dkdv_kernel: query rows q0.. of head h against the key block
+ * k0.. (buffer buf holds their Q, dO, lse_log2, dot). */
+template <typename T, int D>
+__device__ __forceinline__ void dkdv_step(const BwdArgs &args, const Geometry &geo,
+                                          uint32_t smem, const float *smem_f32,
+                                          const DkdvWarp<D> &w, int h, int k0, int q0, int buf,
+                                          float (&dk)[BwdConfig<D>::kKvTiles][4],
+                                          float (&dv)[BwdConfig<D>::kKvTiles][4]) {
+    using Cfg = BwdConfig<D>;
+    using L = DkdvSmem<D>;
+    using KvTile = typename L::KvTile;
+    using QTile = typename L::QTile;
+    using DsTile = typename L::DsTile;
+    constexpr int BM = Cfg::kBlockM, ST = Cfg::kSTiles;
+    const uint32_t q = smem + L::kQ + buf * QTile::kBytes;
+    const uint32_t dout = smem + L::kDout + buf * QTile::kBytes;
+    const bool with_dq = !args.p.deterministic;
+
+    uint32_t p_packed[ST][2], ds_packed[ST][2];
+    {
+        float s[ST][4], dp[ST][4];
+        zero_c(dp);
+        mma_a_bt<T, KvTile, QTile, D / 16>(dp, smem + L::kV, w.key_row0, dout, w.s_col0, w.lane);
+        zero_c(s);
+        mma_a_bt<T, KvTile, QTile, D / 16>(s, smem + L::kK, w.key_row0, q, w.s_col0, w.lane);
+        dkdv_step_grads<T, D>(args, geo, smem_f32 + L::kLse / 4 + buf * BM,
+                              smem_f32 + L::kDot / 4 + buf * BM, w, k0, q0, s, dp, p_packed,
+                              ds_packed);
+    }
+    if constexpr (Cfg::kSplitD == 1) {
+        if (with_dq)
+            store_packed_to_smem<DsTile>(smem + L::kDs, ds_packed, w.key_row0, w.s_col0,
+                                         w.lane);
+        mma_a_b<T, QTile, BM / 16>(dv, RegisterA<ST>{p_packed}, dout, w.kv_col0, w.lane);
+        mma_a_b<T, QTile, BM / 16>(dk, RegisterA<ST>{ds_packed}, q, w.kv_col0, w.lane);
+    } else {
+        store_packed_to_smem<DsTile>(smem + L::kP, p_packed, w.key_row0, w.s_col0, w.lane);
+        store_packed_to_smem<DsTile>(smem + L::kDs, ds_packed, w.key_row0, w.s_col0, w.lane);
+        __syncthreads(); /* the key rows' P^T, dS^T over all query columns */
+        const SharedA<DsTile> pt = {smem + L::kP, w.key_row0, w.lane};
+        const SharedA<DsTile> dst = {smem + L::kDs, w.key_row0, w.lane};
+        mma_a_b<T, QTile, BM / 16>(dv, pt, dout, w.kv_col0, w.lane);
+        mma_a_b<T, QTile, BM / 16>(dk, dst, q, w.kv_col0, w.lane);
+    }
+    if (with_dq) {
+        __syncthreads(); /* dS^T of every warp */
+        dkdv_step_dq<T, D>(args, geo, smem, w, h, q0);
+    }
+}
+
+/* The (head, query block) sequence of dkdv_kernel's steps: every query head
+ * of the kv head's group, each over the query blocks that see the key block. */
+struct StepCursor {
+    int h, qb;
+    __device__ __forceinline__ void advance(const BlockRange &blocks) {
+        if (++qb == blocks.first + blocks.count) {
+            qb = blocks.first;
+            ++h;
+        }
+    }
+};
+
+/* One CTA per (key block, kv head, batch), key block fastest in blockIdx.x. */
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) dkdv_kernel(const BwdArgs args) {
+    using Cfg = BwdConfig<D>;
+    using L = DkdvSmem<D>;
+    constexpr int BN = Cfg::kBlockN, BM = Cfg::kBlockM, KT = Cfg::kKvTiles;
+    const fat_params &p = args.p;
+    extern __shared__ __align__(16) unsigned char dkdv_smem[];
+    const uint32_t smem = smem_u32(dkdv_smem);
+    const float *smem_f32 = reinterpret_cast<const float *>(dkdv_smem);
+
+    const int num_k_blocks = (p.sk + BN - 1) / BN;
+    const int k_block = blockIdx.x % num_k_blocks;
+    const int hk = (blockIdx.x / num_k_blocks) % p.hkv;
+    const int b = blockIdx.x / num_k_blocks / p.hkv;
+    const Geometry geo = make_geometry(args, b);
+    const int k0 = k_block * BN;
+    if (k0 >= geo.seq.sk) return;
+
+    const int tid = threadIdx.x;
+    const DkdvWarp<D> w = make_dkdv_warp<D>(tid / 32, tid % 32);
+    const int group = p.hq / p.hkv;
+    const BlockRange blocks = query_blocks_seeing(geo, k0, BN, BM);
+    const int steps = group * blocks.count;
+
+    float dk[KT][4], dv[KT][4];
+    zero_c(dk);
+    zero_c(dv);
+    StepCursor cur = {hk * group, blocks.first};
+    if (steps > 0) {
+        const int rows = geo.seq.sk - k0;
+        const T *k = static_cast<const T *>(p.k) +
+                     geo.k_offset(p.k_batch_stride, p.k_row_stride, k0) +
+                     (int64_t)hk * p.k_head_stride;
+        const T *v = static_cast<const T *>(p.v) +
+                     geo.k_offset(p.v_batch_stride, p.v_row_stride, k0) +
+                     (int64_t)hk * p.v_head_stride;
+        load_padded_tile_async<BN, D, Cfg::kThreads>(smem + L::kK, k, p.k_row_stride, rows, p.d,
+                                                     tid);
+        load_padded_tile_async<BN, D, Cfg::kThreads>(smem + L::kV, v, p.v_row_stride, rows,
+                                                     p.d_v, tid);
+        if (Cfg::kStages == 2) load_query_step<T, D>(args, geo, smem, cur.h, cur.qb * BM, 0, tid);
+        cp_async_commit();
+    }
+#pragma unroll 1
+    for (int step = 0; step < steps; ++step) {
+        if (Cfg::kStages == 1) {
+            __syncthreads(); /* every warp is done with the previous step's tiles */
+            load_query_step<T, D>(args, geo, smem, cur.h, cur.qb * BM, 0, tid);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* this step's tiles landed; the previous step is done */
+        StepCursor next = cur;
+        next.advance(blocks);
+        if (Cfg::kStages == 2 && step + 1 < steps) {
+            load_query_step<T, D>(args, geo, smem, next.h, next.qb * BM, (step + 1) % 2, tid);
+            cp_async_commit();
+        }
+        dkdv_step<T, D>(args, geo, smem, smem_f32, w, cur.h, k0, cur.qb * BM,
+                        step % Cfg::kStages, dk, dv);
+        cur = next;
+    }
+
+    T *dk_out = static_cast<T *>(p.dk) + geo.k_offset(p.dk_batch_stride, p.dk_row_stride, k0) +
+                (int64_t)hk * p.dk_head_stride;
+    T *dv_out = static_cast<T *>(p.dv) + geo.k_offset(p.dv_batch_stride, p.dv_row_stride, k0) +
+                (int64_t)hk * p.dv_head_stride;
+    const int key_limit = geo.seq.sk - k0;
+    store_c_to_global(dk_out, p.dk_row_stride, dk, w.key_row0, key_limit, w.kv_col0, p.d,
+                      args.scale, w.lane);
+    store_c_to_global(dv_out, p.dv_row_stride, dv, w.key_row0, key_limit, w.kv_col0, p.d_v, 1.f,
+                      w.lane);
+}
+
+/* ---- 3b. deterministic dQ: one query block, key blocks in order ------------ */
+
+/* Starts the async loads of K, V rows k0.. of kv head hk into buffer buf. */
+template <typename T, int D>
+__device__ __forceinline__ void load_key_block(const fat_params &p, const Geometry &geo,
+                                               uint32_t smem, int hk, int k0, int buf, int tid) {
+    using Cfg = BwdConfig<D>;
+    using L = DqSmem<D>;
+    const int rows = geo.seq.sk - k0;
+    const T *k = static_cast<const T *>(p.k) + geo.k_offset(p.k_batch_stride, p.k_row_stride, k0) +
+                 (int64_t)hk * p.k_head_stride;
+    const T *v = static_cast<const T *>(p.v) + geo.k_offset(p.v_batch_stride, p.v_row_stride, k0) +
+                 (int64_t)hk * p.v_head_stride;
+    const uint32_t k_tile = smem + L::kK + buf * L::KvTile::kBytes;
+    const uint32_t v_tile = smem + L::kV + buf * L::KvTile::kBytes;
+    load_padded_tile_async<Cfg::kQBlockN, D, Cfg::kQThreads>(k_tile, k, p.k_row_stride, rows, p.d,
+                                                             tid);
+    load_padded_tile_async<Cfg::kQBlockN, D, Cfg::kQThreads>(v_tile, v, p.v_row_stride, rows,
+                                                             p.d_v, tid);
+}
+
+/* One CTA per (query block, query head, batch), query block fastest. */
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdConfig<D>::kQThreads, 1) dq_kernel(const BwdArgs args) {
+    using Cfg = BwdConfig<D>;
+    using L = DqSmem<D>;
+    using QTile = typename L::QTile;
+    using KvTile = typename L::KvTile;
+    constexpr int BM = Cfg::kQBlockM, BN = Cfg::kQBlockN, ST = BN / 8, DT = D / 8;
+    const fat_params &p = args.p;
+    extern __shared__ __align__(16) unsigned char dq_smem[];
+    const uint32_t smem = smem_u32(dq_smem);
+
+    const int num_q_blocks = (p.sq + BM - 1) / BM;
+    const int q0 = (blockIdx.x % num_q_blocks) * BM;
+    const int h = (blockIdx.x / num_q_blocks) % p.hq;
+    const int b = blockIdx.x / num_q_blocks / p.hq;
+    const Geometry geo = make_geometry(args, b);
+    if (q0 >= geo.seq.sq) return;
+    const int hk = h / (p.hq / p.hkv);
+
+    const int tid = threadIdx.x, lane = tid % 32, row0 = 16 * (tid / 32);
+    const int query = q0 + row0; /* absolute row of fragment row g = 0 */
+    float lse[2], dot[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int i = query + lane / 4 + 8 * half;
+        const int64_t idx = (int64_t)h * args.rows_q + geo.flat_q0 + i;
+        lse[half] = i < geo.seq.sq ? args.lse_log2[idx] : INFINITY;
+        dot[half] = i < geo.seq.sq ? args.dot[idx] : 0.f;
+    }
+
+    const BlockRange blocks = key_blocks_seen(geo, q0, BM, BN);
+    float dq[DT][4];
+    zero_c(dq);
+    if (blocks.count > 0) {
+        const int rows = geo.seq.sq - q0;
+        const T *q = static_cast<const T *>(p.q) +
+                     geo.q_offset(p.q_batch_stride, p.q_row_stride, q0) +
+                     (int64_t)h * p.q_head_stride;
+        const T *dout = static_cast<const T *>(p.dout) +
+                        geo.q_offset(p.do_batch_stride, p.do_row_stride, q0) +
+                        (int64_t)h * p.do_head_stride;
+        load_padded_tile_async<BM, D, Cfg::kQThreads>(smem + L::kQ, q, p.q_row_stride, rows,
+                                                      p.d, tid);
+        load_padded_tile_async<BM, D, Cfg::kQThreads>(smem + L::kDout, dout, p.do_row_stride,
+                                                      rows, p.d_v, tid);
+        if (Cfg::kQStages == 2) load_key_block<T, D>(p, geo, smem, hk, blocks.first * BN, 0, tid);
+        cp_async_commit();
+    }
+    const GradMath math = make_grad_math(args);
+#pragma unroll 1
+    for (int it = 0; it < blocks.count; ++it) {
+        const int k0 = (blocks.first + it) * BN;
+        const int buf = it % Cfg::kQStages;
+        if (Cfg::kQStages == 1) {
+            __syncthreads(); /* every warp is done with the previous K, V */
+            load_key_block<T, D>(p, geo, smem, hk, k0, 0, tid);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* K, V of this block landed; the previous block is done */
+        if (Cfg::kQStages == 2 && it + 1 < blocks.count) {
+            load_key_block<T, D>(p, geo, smem, hk, k0 + BN, (it + 1) % 2, tid);
+            cp_async_commit();
+        }
+        const uint32_t k = smem + L::kK + buf * KvTile::kBytes;
+        const uint32_t v = smem + L::kV + buf * KvTile::kBytes;
+        uint32_t ds_packed[ST][2];
+        {
+            float s[ST][4], dp[ST][4];
+            zero_c(dp);
+            mma_a_bt<T, QTile, KvTile, D / 16>(dp, smem + L::kDout, row0, v, 0, lane);
+            zero_c(s);
+            mma_a_bt<T, QTile, KvTile, D / 16>(s, smem + L::kQ, row0, k, 0, lane);
+            if (args.softcap)
+                grads_by_row<true>(s, dp, lse, dot, math);
+            else
+                grads_by_row<false>(s, dp, lse, dot, math);
+            if (geo.tile_needs_mask(k0, BN, q0, BM))
+                zero_masked(s, dp, geo, query, k0, false, lane);
+            pack_c<T>(ds_packed, dp);
+        }
+        mma_a_b<T, KvTile, BN / 16>(dq, RegisterA<ST>{ds_packed}, k, 0, lane);
+    }
+
+    T *dq_out = static_cast<T *>(p.dq) + geo.q_offset(p.dq_batch_stride, p.dq_row_stride, q0) +
+                (int64_t)h * p.dq_head_stride;
+    store_c_to_global(dq_out, p.dq_row_stride, dq, row0, geo.seq.sq - q0, 0, p.d, args.scale,
+                      lane);
+}
+
+/* ---- launcher ---------------------------------------------------------------- */
+
+inline int smem_optin_limit() {
+    int dev = 0, limit = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess)
+        return -1;
+    return limit;
+}
+
+/* Lets kernel use bytes of dynamic shared memory: unsupported when the
+ * device has fewer. */
+template <class Kernel> fat_status allow_smem(Kernel kernel, int bytes) {
+    const int limit = smem_optin_limit();
+    if (limit < 0) return FAT_ERR_CUDA;
+    if (bytes > limit) return FAT_ERR_UNSUPPORTED;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+                   cudaSuccess
+               ? FAT_OK
+               : FAT_ERR_CUDA;
+}
+
+inline fat_status launch_status() {
+    return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;
+}
+
+inline unsigned ceil_div(int64_t n, int64_t d) { return (unsigned)((n + d - 1) / d); }
+
+} /* namespace bwd80 */
+
+template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream_t stream) {
+    using namespace bwd80;
+    using Cfg = BwdConfig<D>;
+    if (p.workspace == nullptr || p.workspace_bytes < sm80_bwd_workspace_bytes(p, D))
+        return FAT_ERR_INVALID_ARGUMENT;
+    const BwdArgs args = make_args(p, D);
+    const int64_t row_items = args.rows_q * p.hq;
+    const int64_t kv_blocks = (int64_t)ceil_div(p.sk, Cfg::kBlockN) * p.hkv * p.b;
+    const int64_t q_blocks = (int64_t)ceil_div(p.sq, Cfg::kQBlockM) * p.hq * p.b;
+    if (row_items / kRowWarps >= INT_MAX || kv_blocks > INT_MAX || q_blocks > INT_MAX)
+        return FAT_ERR_UNSUPPORTED;
+    fat_status st = allow_smem(dkdv_kernel<T, D>, DkdvSmem<D>::kBytes);
+    if (st == FAT_OK && p.deterministic) st = allow_smem(dq_kernel<T, D>, DqSmem<D>::kBytes);
+    if (st != FAT_OK) return st;
+
+    if (row_items > 0) {
+        bwd_prep_kernel<T, D><<<ceil_div(row_items, kRowWarps), 32 * kRowWarps, 0, stream>>>(args);
+        if ((st = launch_status()) != FAT_OK) return st;
+    }
+    if (kv_blocks > 0) {
+        dkdv_kernel<T, D><<<(unsigned)kv_blocks, Cfg::kThreads, DkdvSmem<D>::kBytes, stream>>>(
+            args);
+        if ((st = launch_status()) != FAT_OK) return st;
+    }
+    if (p.deterministic) {
+        if (q_blocks > 0)
+            dq_kernel<T, D><<<(unsigned)q_blocks, Cfg::kQThreads, DqSmem<D>::kBytes, stream>>>(
+                args);
+    } else if (row_items > 0) {
+        bwd_dq_convert_kernel<T, D>
+            <<<ceil_div(row_items, kRowWarps), 32 * kRowWarps, 0, stream>>>(args);
+    }
+    return launch_status();
+}
+
+} /* namespace fat */

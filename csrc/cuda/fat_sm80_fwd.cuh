@@ -1,0 +1,364 @@
+/*
+ * fat_sm80_fwd.cuh - the mma.sync forward kernel (Ampere and newer).
+ *
+ * O = softmax(scale * Q K^T + mask) V and lse, for one compiled head dim D
+ * and element type T (__half / __nv_bfloat16), fp32 accumulation.
+ *
+ * Grid: one CTA per (query block of kBlockM rows, query head, sequence),
+ * flattened into blockIdx.x with the query block fastest (the CTAs of one
+ * head run together and share K/V in L2); under causal masking the heaviest
+ * query blocks come first.  kWarps warps split the query block: warp w owns
+ * rows [w * 16 * kMTiles, (w + 1) * 16 * kMTiles), kMTiles m16 tiles each,
+ * and holds their O accumulator (kMTiles x D/8 C tiles), running row max and
+ * row sum in registers.  Shared memory: the Q tile (kBlockM x D) and one
+ * K and one V tile (kBlockN x D), swizzled (fat_sm80_primitives.cuh).
+ * Loop over the visible key blocks j (window/causal ranges skipped):
+ *   wait K_j; start loading V_j; S = Q K_j^T; mask (boundary blocks only);
+ *   online softmax in the log2 domain; wait V_j; start loading K_{j+1};
+ *   O += P V_j with P taken straight from the S registers.
+ * Epilogue: O / rowsum staged through each warp's own rows of the Q tile and
+ * stored in 16-byte chunks; lse = (max + log2 sum) * ln 2; a row with no
+ * visible key gets o = 0, lse = -inf.
+ */
+#pragma once
+
+#include <math.h>
+
+#include "fat_cuda_internal.h"
+#include "fat_sm80_primitives.cuh"
+
+namespace fat {
+
+/* One tile configuration: kWarps warps of kMTiles m16 tiles each split the
+ * kBlockM = 16 kMTiles kWarps query rows; key blocks of kBlockN; Q either
+ * re-read from shared memory for every key block or held in registers as A
+ * fragments (kQInRegs, D / 4 registers per m16 tile). */
+template <int D_, int kWarps_, int kMTiles_, int kBlockN_, bool kQInRegs_ = false>
+struct Sm80FwdTiles {
+    static constexpr int D = D_;
+    static constexpr int kWarps = kWarps_;
+    static constexpr int kMTiles = kMTiles_;
+    static constexpr int kBlockM = 16 * kMTiles * kWarps;
+    static constexpr int kBlockN = kBlockN_;
+    static constexpr bool kQInRegs = kQInRegs_;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int kMinBlocksPerSm = kWarps >= 8 ? 1 : 2;
+    using QTile = PaddedTile<kBlockM, D>;
+    using KVTile = PaddedTile<kBlockN, D>;
+    static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
+};
+
+/* The configuration each head dim runs with: the fastest measured on an
+ * H200 among those that fit 255 registers without spilling (benchmarks/
+ * NOTES.md, "sm80 forward"). */
+template <int D> struct Sm80FwdConfig
+    : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), ((D <= 64 || D == 192) ? 64 : 32)> {};
+
+/* What every CTA needs besides fat_params, computed once on the host. */
+struct Sm80FwdArgs {
+    fat_params p;
+    int window_left, window_right; /* after causal; -1 = unbounded */
+    float scale_log2;              /* softmax_scale * log2(e) */
+    float softcap_pre;             /* softmax_scale / softcap (softcap > 0) */
+    float softcap_log2;            /* softcap * log2(e) */
+    int num_m_blocks;
+};
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Key range [lo, hi) visible from any of the query rows [first, last]. */
+struct KeyRange {
+    int lo, hi;
+};
+__device__ __forceinline__ KeyRange visible_keys(int first_row, int last_row, int sq, int sk,
+                                                 int left, int right) {
+    const int shift = sk - sq;
+    KeyRange r = {0, sk};
+    if (right >= 0) r.hi = min(r.hi, last_row + shift + right + 1);
+    if (left >= 0) r.lo = max(r.lo, first_row + shift - left);
+    return r;
+}
+
+/* Pointer to row 0 of head h of one sequence (dense or varlen). */
+template <typename T>
+__device__ __forceinline__ T *seq_head_ptr(const void *base, int64_t batch_stride,
+                                           int64_t row_stride, int64_t head_stride, int b,
+                                           int64_t seq_start, bool varlen, int h) {
+    const int64_t off = (varlen ? seq_start * row_stride : (int64_t)b * batch_stride) +
+                        (int64_t)h * head_stride;
+    return const_cast<T *>(static_cast<const T *>(base)) + off;
+}
+
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    sm80_fwd_kernel(const Sm80FwdArgs args) {
+    constexpr int D = Cfg::D;
+    using QTile = typename Cfg::QTile;
+    using KVTile = typename Cfg::KVTile;
+    constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, MT = Cfg::kMTiles;
+    constexpr int NT_S = BN / 8; /* C tiles of S per m16 tile */
+    constexpr int NT_O = D / 8;  /* C tiles of O per m16 tile */
+    const fat_params &p = args.p;
+
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const uint32_t q_smem = smem_u32(smem);
+    const uint32_t k_smem = q_smem + QTile::kBytes;
+    const uint32_t v_smem = k_smem + KVTile::kBytes;
+
+    /* which (query block, head, sequence) */
+    int bid = blockIdx.x;
+    const int m_idx = bid % args.num_m_blocks;
+    bid /= args.num_m_blocks;
+    const int h = bid % p.hq;
+    const int b = bid / p.hq;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const SeqInfo seq = seq_info(p.cu_seqlens_q, p.cu_seqlens_k, b, p.sq, p.sk);
+    const int m_block = p.causal ? args.num_m_blocks - 1 - m_idx : m_idx;
+    const int m0 = m_block * BM;
+    if (m0 >= seq.sq) return;
+    const int hk = h / (p.hq / p.hkv);
+
+    const T *q = seq_head_ptr<T>(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, b,
+                                 seq.q_start, varlen, h) + (int64_t)m0 * p.q_row_stride;
+    const T *k = seq_head_ptr<T>(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, b,
+                                 seq.k_start, varlen, hk);
+    const T *v = seq_head_ptr<T>(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, b,
+                                 seq.k_start, varlen, hk);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int warp_row0 = warp * 16 * MT; /* first row of this warp in the block */
+    const int m_rows = min(BM, seq.sq - m0);
+    const KeyRange keys = visible_keys(m0, m0 + m_rows - 1, seq.sq, seq.sk, args.window_left,
+                                       args.window_right);
+    const int nb_lo = max(keys.lo, 0) / BN;
+    const int nb_hi = keys.hi > keys.lo ? (keys.hi + BN - 1) / BN : nb_lo;
+    const int shift = seq.sk - seq.sq;
+
+    uint32_t q_frag[Cfg::kQInRegs ? MT : 1][Cfg::kQInRegs ? D / 16 : 1][4];
+    float o_acc[MT][NT_O][4];
+    float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT_O; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = -INFINITY;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+
+    if (nb_lo < nb_hi) {
+        load_tile_async<QTile, Cfg::kThreads>(q_smem, q, p.q_row_stride, m_rows, p.d, tid);
+        load_tile_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)nb_lo * BN * p.k_row_stride,
+                                              p.k_row_stride, seq.sk - nb_lo * BN, p.d, tid);
+        cp_async_commit();
+    }
+
+    for (int nb = nb_lo; nb < nb_hi; ++nb) {
+        const int n0 = nb * BN;
+        cp_async_wait<0>();
+        __syncthreads(); /* K_j landed; every warp is done with V_{j-1} */
+        load_tile_async<KVTile, Cfg::kThreads>(v_smem, v + (int64_t)n0 * p.v_row_stride,
+                                              p.v_row_stride, seq.sk - n0, p.d_v, tid);
+        cp_async_commit();
+
+        if (Cfg::kQInRegs && nb == nb_lo) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk)
+                    load_a<QTile>(q_frag[mt][kk], q_smem, warp_row0 + mt * 16, kk * 16, lane);
+        }
+
+        /* S = Q K^T */
+        float s[MT][NT_S][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if (Cfg::kQInRegs) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][kk][r];
+                } else {
+                    load_a<QTile>(a[mt], q_smem, warp_row0 + mt * 16, kk * 16, lane);
+                }
+            }
+#pragma unroll
+            for (int nn = 0; nn < BN / 16; ++nn) {
+                uint32_t bf[4];
+                load_b_nk<KVTile>(bf, k_smem, nn * 16, kk * 16, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(s[mt][2 * nn], a[mt], bf);
+                    mma_16816<T>(s[mt][2 * nn + 1], a[mt], bf + 2);
+                }
+            }
+        }
+
+        /* scores into the log2 domain, masked where the block straddles a
+         * boundary (end of keys, causal diagonal, window edges) */
+        const bool need_mask =
+            n0 + BN > seq.sk ||
+            (args.window_right >= 0 && n0 + BN - 1 > m0 + shift + args.window_right) ||
+            (args.window_left >= 0 && n0 < m0 + BM - 1 + shift - args.window_left);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = s[mt][nt][e];
+                    x = p.softcap > 0 ? args.softcap_log2 * tanhf(x * args.softcap_pre)
+                                      : x * args.scale_log2;
+                    if (need_mask) {
+                        const int row = m0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
+                        const int col = n0 + nt * 8 + 2 * t + (e & 1);
+                        const bool visible =
+                            col < seq.sk &&
+                            (args.window_right < 0 || col <= row + shift + args.window_right) &&
+                            (args.window_left < 0 || col >= row + shift - args.window_left);
+                        if (!visible) x = -INFINITY;
+                    }
+                    s[mt][nt][e] = x;
+                }
+
+        /* online softmax: new row max, rescale O and the running sum, P */
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+                float mx = row_max[mt][ri];
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt)
+                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
+                mx = quad_max(mx);
+                const float ref = mx == -INFINITY ? 0.f : mx; /* no key seen yet */
+                const float correction = fast_exp2(row_max[mt][ri] - ref);
+                row_max[mt][ri] = mx;
+                float sum = row_sum[mt][ri] * correction;
+#pragma unroll
+                for (int nt = 0; nt < NT_O; ++nt) {
+                    o_acc[mt][nt][2 * ri] *= correction;
+                    o_acc[mt][nt][2 * ri + 1] *= correction;
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt) {
+                    const float p0 = fast_exp2(s[mt][nt][2 * ri] - ref);
+                    const float p1 = fast_exp2(s[mt][nt][2 * ri + 1] - ref);
+                    s[mt][nt][2 * ri] = p0;
+                    s[mt][nt][2 * ri + 1] = p1;
+                    sum += p0 + p1;
+                }
+                row_sum[mt][ri] = sum;
+            }
+
+        cp_async_wait<0>();
+        __syncthreads(); /* V_j landed; every warp is done with K_j */
+        if (nb + 1 < nb_hi) {
+            load_tile_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)(n0 + BN) * p.k_row_stride,
+                                                  p.k_row_stride, seq.sk - n0 - BN, p.d, tid);
+            cp_async_commit();
+        }
+
+        /* O += P V, P as 2-byte A fragments (half the registers of S) */
+        uint32_t pa[MT][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                c_pair_to_a<T>(pa[mt][kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+            for (int dd = 0; dd < D / 16; ++dd) {
+                uint32_t bf[4];
+                load_b_kn<KVTile>(bf, v_smem, dd * 16, kk * 16, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma_16816<T>(o_acc[mt][2 * dd], pa[mt][kk], bf);
+                    mma_16816<T>(o_acc[mt][2 * dd + 1], pa[mt][kk], bf + 2);
+                }
+            }
+        }
+    }
+
+    /* epilogue: normalise, lse, stage O in this warp's rows of the Q tile */
+    float *lse = p.lse + (varlen ? (int64_t)h * p.lse_head_stride + seq.q_start
+                                 : (int64_t)b * p.lse_batch_stride + (int64_t)h * p.lse_head_stride);
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+            const float sum = quad_sum(row_sum[mt][ri]);
+            const float inv = sum > 0.f ? 1.f / sum : 0.f;
+            const int row = warp_row0 + mt * 16 + g + ri * 8;
+            if (t == 0 && m0 + row < seq.sq)
+                lse[m0 + row] = sum > 0.f ? (row_max[mt][ri] + log2f(sum)) * 0.69314718055994531f
+                                          : -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT_O; ++nt) {
+                const uint32_t packed = elem<T>::pack(o_acc[mt][nt][2 * ri] * inv,
+                                                      o_acc[mt][nt][2 * ri + 1] * inv);
+                const uint32_t addr = q_smem + QTile::offset(row, nt * 8 + 2 * t);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed));
+            }
+        }
+    __syncwarp();
+
+    T *o = seq_head_ptr<T>(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, b,
+                           seq.q_start, varlen, h) + (int64_t)m0 * p.o_row_stride;
+    constexpr int kChunksPerRow = D / 8;
+    constexpr int kWarpChunks = 16 * MT * kChunksPerRow;
+#pragma unroll
+    for (int i = lane; i < kWarpChunks; i += 32) {
+        const int row = warp_row0 + i / kChunksPerRow;
+        const int col = (i % kChunksPerRow) * 8;
+        if (m0 + row < seq.sq && col < p.d_v) {
+            uint4 chunk;
+            asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(chunk.x), "=r"(chunk.y), "=r"(chunk.z), "=r"(chunk.w)
+                         : "r"(q_smem + QTile::offset(row, col)));
+            *reinterpret_cast<uint4 *>(o + (int64_t)row * p.o_row_stride + col) = chunk;
+        }
+    }
+}
+
+/* Launches the forward with tile configuration Cfg (Cfg::D >= d, d_v). */
+template <typename T, class Cfg> fat_status sm80_fwd_tiles(const fat_params &p, cudaStream_t stream) {
+    Sm80FwdArgs args;
+    args.p = p;
+    fat_effective_window(&p, &args.window_left, &args.window_right);
+    const double log2e = 1.4426950408889634;
+    args.scale_log2 = (float)(p.softmax_scale * log2e);
+    args.softcap_pre = p.softcap > 0 ? (float)(p.softmax_scale / p.softcap) : 0.f;
+    args.softcap_log2 = (float)(p.softcap * log2e);
+    args.num_m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
+    const int64_t blocks = (int64_t)args.num_m_blocks * p.hq * p.b;
+    if (blocks > 0x7fffffff) return FAT_ERR_UNSUPPORTED;
+
+    auto kernel = sm80_fwd_kernel<T, Cfg>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::kSmemBytes) != cudaSuccess)
+        return FAT_ERR_CUDA;
+    kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+    return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;
+}
+
+template <typename T, int D> fat_status sm80_fwd(const fat_params &p, cudaStream_t stream) {
+    return sm80_fwd_tiles<T, Sm80FwdConfig<D>>(p, stream);
+}
+
+} /* namespace fat */

@@ -1,0 +1,700 @@
+/*
+ * fat_sm90_fwd.cuh - the Hopper (sm_90a) forward kernel: TMA loads into a
+ * ring of shared-memory stages, wgmma for both GEMMs, online softmax in
+ * registers.  o and lse of fat_params, as fat::sm90_fwd<T, D> declares.
+ *
+ * One CTA computes one block of kBlockM = 128 query rows of one (batch, query
+ * head) against the key blocks it can see (kBlockN keys each).  384 threads,
+ * three warpgroups:
+ *   warpgroup 0 (producer, 24 registers): thread 0 issues the TMA loads: the
+ *     Q block once, K_0, then K_{j+1} before V_j, each into stage j % kStages
+ *     of its ring once the consumers released that stage (K and V have
+ *     separate empty barriers: a K stage frees when S = Q K^T is done);
+ *   warpgroups 1 and 2 (consumers, 240 registers): each owns 64 query rows.
+ *     S = Q K^T (wgmma, both operands in shared memory), softcap / mask,
+ *     online softmax on raw scores (one FFMA + ex2.approx per element), P
+ *     (fp16/bf16 in registers) and O += P V (wgmma, A from registers, V read
+ *     N-major); finally O / l through shared memory (the dead Q rows of the
+ *     warpgroup) to global with 16-byte stores, and lse = (m + log2 l) ln 2.
+ * Shared memory (fat_sm90_primitives.cuh describes the 128B-swizzled panels):
+ *   q  : kBlockM x D               (D / 64 panels of kBlockM rows)
+ *   k,v: kStages x (kBlockN x D)   (D / 64 panels of kBlockN rows each)
+ *   barriers: q_full; k_full, v_full (TMA bytes landed) and k_empty, v_empty
+ *   (all 8 consumer warps are done with the stage) per stage; 256 pin slots.
+ * Tensor maps are 4D (columns, rows, heads, batch): out-of-range rows and
+ * columns [d, D) read as zeros; varlen maps span all packed rows (batch 1),
+ * and rows past a sequence are masked (keys) or never stored (queries).
+ * Key blocks that no query row of the CTA sees are skipped; element masks
+ * run only on blocks that cross sk or a window/causal edge.
+ *
+ * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong>, timed side
+ * by side by dev/sm90_fwd_check.cu):
+ *   kOverlap : FA3's intra-warpgroup overlap: issue S_{j+1}, rescale O, issue
+ *              P_j V_j, wait for S_{j+1} only and run its softmax while P_j V_j
+ *              is on the tensor cores;
+ *   kPingPong: (with kOverlap) the two consumer warpgroups take turns issuing
+ *              their GEMMs (named barriers), so one's softmax runs under the
+ *              other's GEMMs.
+ */
+#pragma once
+
+#include <cuda.h> /* CUtensorMap and its enums; the encoder is fetched at run time */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "fat_cuda_internal.h"
+#include "fat_sm80_primitives.cuh"
+#include "fat_sm90_primitives.cuh"
+
+namespace fat {
+namespace sm90 {
+
+/* ---- configuration ---------------------------------------------------------- */
+
+/* One compiled variant: head dim D, kBlockN keys per block, kStages K/V
+ * stages, and the two scheduling flags described at the top. */
+template <int D, int BN, int Stages, bool Overlap, bool PingPong> struct FwdConfig {
+    static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
+    static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
+    static_assert(!PingPong || Overlap, "ping-pong is built on the overlapped loop");
+    static constexpr int kD = D;
+    static constexpr int kBlockM = 128; /* query rows: 64 per consumer warpgroup */
+    static constexpr int kBlockN = BN;
+    static constexpr int kStages = Stages;
+    static constexpr bool kOverlap = Overlap, kPingPong = PingPong;
+    static constexpr int kPanels = D / 64;
+    static constexpr int kThreads = 384;
+    static constexpr uint32_t kQPanelBytes = kBlockM * 128;
+    static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
+    static constexpr uint32_t kQBytes = kQPanelBytes * kPanels;
+    static constexpr uint32_t kKVBytes = kKVPanelBytes * kPanels; /* one K or one V block */
+    static constexpr uint32_t kBarrierBytes = 8 * (1 + 4 * kStages) + 256 * 4; /* + pin slots */
+    /* + 1024: the dynamic window is aligned up by hand */
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
+    static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+/* Everything the kernel reads, by value (tensor maps must live in param space). */
+struct FwdArgs {
+    CUtensorMap q_map, k_map, v_map; /* (cols, rows, heads, batch) */
+    void *o;
+    float *lse;
+    const int32_t *cu_seqlens_q, *cu_seqlens_k;
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+    int64_t lse_batch_stride, lse_head_stride;
+    int sq, sk, group, d_v; /* group = hq / hkv */
+    int window_left, window_right; /* after causal; -1 = unbounded */
+    /* log2-domain score = x * exp_scale, x being what make_scores leaves:
+     * without softcap x = q.k (exp_scale = scale * log2(e)); with softcap
+     * x = tanh(q.k * tanh_scale) * softcap * log2(e) (exp_scale = 1). */
+    float exp_scale;
+    float tanh_scale;   /* scale / softcap */
+    float softcap_log2; /* softcap * log2(e); 0 = off */
+};
+
+/* The shared-memory window of one CTA: q, then (k, v) of stage 0, 1, ..., then
+ * the barriers. */
+template <class C> struct FwdSmem {
+    uint8_t *q;
+    float *pin; /* 256 floats: pin_before_wait's slots */
+    /* one per stage: TMA bytes landed (full), all 8 consumer warps done (empty) */
+    uint64_t *q_full, *k_full, *v_full, *k_empty, *v_empty;
+
+    __device__ explicit FwdSmem(uint8_t *raw) {
+        q = (uint8_t *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+        q_full = (uint64_t *)(q + C::kQBytes + 2 * C::kStages * C::kKVBytes);
+        k_full = q_full + 1;
+        v_full = k_full + C::kStages;
+        k_empty = v_full + C::kStages;
+        v_empty = k_empty + C::kStages;
+        pin = (float *)(v_empty + C::kStages);
+    }
+    __device__ uint8_t *k(int stage) const { return q + C::kQBytes + stage * 2 * C::kKVBytes; }
+    __device__ uint8_t *v(int stage) const { return k(stage) + C::kKVBytes; }
+};
+
+/* What one CTA computes: rows [m0, m0 + 128) of sequence b, head h, against
+ * key blocks n_min..n_max (none when n_max < n_min). */
+struct FwdTile {
+    SeqInfo seq;
+    int b, h, m0, rows; /* rows: valid query rows of the block, <= 128 */
+    int shift;          /* seq.sk - seq.sq */
+    int n_min, n_max;
+};
+
+__device__ __forceinline__ int clamp_to(int64_t x, int lo, int hi) {
+    return x < lo ? lo : (x > hi ? hi : (int)x);
+}
+
+/* The tile of this CTA: blockIdx = (query block from the last, head, batch). */
+template <class C> __device__ FwdTile fwd_tile(const FwdArgs &a) {
+    FwdTile t;
+    t.b = blockIdx.z;
+    t.h = blockIdx.y;
+    t.m0 = (gridDim.x - 1 - blockIdx.x) * C::kBlockM; /* heaviest (causal) first */
+    t.seq = seq_info(a.cu_seqlens_q, a.cu_seqlens_k, t.b, a.sq, a.sk);
+    t.rows = t.seq.sq - t.m0 < C::kBlockM ? t.seq.sq - t.m0 : C::kBlockM;
+    t.shift = t.seq.sk - t.seq.sq;
+    const int64_t last_row = (int64_t)t.m0 + t.rows - 1;
+    const int lo = a.window_left < 0 ? 0
+                                     : clamp_to((int64_t)t.m0 + t.shift - a.window_left, 0, t.seq.sk);
+    const int hi = a.window_right < 0 ? t.seq.sk - 1
+                                      : clamp_to(last_row + t.shift + a.window_right, -1,
+                                                 t.seq.sk - 1);
+    t.n_min = lo / C::kBlockN;
+    t.n_max = (hi < lo || t.rows <= 0) ? t.n_min - 1 : hi / C::kBlockN;
+    return t;
+}
+
+/* True when some valid row of the tile does not see every key of block n. */
+template <class C> __device__ __forceinline__ bool block_needs_mask(const FwdArgs &a, const FwdTile &t, int n) {
+    constexpr int BN = C::kBlockN;
+    const int64_t first = (int64_t)n * BN, last = first + BN - 1;
+    const int64_t last_row = (int64_t)t.m0 + t.rows - 1;
+    return last >= t.seq.sk ||
+           (a.window_right >= 0 && last > (int64_t)t.m0 + t.shift + a.window_right) ||
+           (a.window_left >= 0 && first < last_row + t.shift - a.window_left);
+}
+
+/* ---- producer ------------------------------------------------------------------ */
+
+__device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, int col, int row, int head,
+                                         int batch, uint64_t *bar) {
+    const int32_t coords[4] = {col, row, head, batch};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, dst, map, coords,
+                                    bar);
+}
+
+/* Loads panels of a block (kPanels boxes of 64 columns) and arms bar for them. */
+template <class C>
+__device__ __forceinline__ void tma_load_block(uint8_t *dst, uint32_t panel_bytes, const CUtensorMap *map,
+                                               int row, int head, int batch, uint64_t *bar) {
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
+                                         cuda::ptx::space_shared, bar, panel_bytes * C::kPanels);
+#pragma unroll
+    for (int p = 0; p < C::kPanels; ++p)
+        tma_load(dst + p * panel_bytes, map, 64 * p, row, head, batch, bar);
+}
+
+/* Load number it of a ring whose stage is it % kStages: waits until the
+ * consumers released that stage's previous use (round 0 passes at once). */
+template <class C>
+__device__ __forceinline__ void tma_load_kv(uint8_t *dst, const CUtensorMap *map, uint64_t *empty,
+                                            uint64_t *full, int it, int row, int head, int batch) {
+    mbar_wait(empty, ((uint32_t)(it / C::kStages) & 1) ^ 1);
+    tma_load_block<C>(dst, C::kKVPanelBytes, map, row, head, batch, full);
+}
+
+/* One thread: Q, K_0, then K_{j+1} before V_j, in the order the consumers
+ * use them.  K and V have their own empty barriers: a K stage is free once
+ * S = Q K^T finished, long before P V is done with the V of the same block. */
+template <class C> __device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm) {
+    const int batch = a.cu_seqlens_q ? 0 : t.b;
+    const int kv_head = t.h / a.group;
+    tma_load_block<C>(sm.q, C::kQPanelBytes, &a.q_map, (int)(t.seq.q_start + t.m0), t.h, batch, sm.q_full);
+    auto row_of = [&](int n) { return (int)(t.seq.k_start + (int64_t)n * C::kBlockN); };
+    tma_load_kv<C>(sm.k(0), &a.k_map, &sm.k_empty[0], &sm.k_full[0], 0, row_of(t.n_min), kv_head, batch);
+    for (int n = t.n_min, it = 0; n <= t.n_max; ++n, ++it) {
+        if (n < t.n_max) {
+            const int s = (it + 1) % C::kStages;
+            tma_load_kv<C>(sm.k(s), &a.k_map, &sm.k_empty[s], &sm.k_full[s], it + 1, row_of(n + 1), kv_head,
+                           batch);
+        }
+        const int s = it % C::kStages;
+        tma_load_kv<C>(sm.v(s), &a.v_map, &sm.v_empty[s], &sm.v_full[s], it, row_of(n), kv_head, batch);
+    }
+}
+
+/* ---- consumer pieces --------------------------------------------------------------- */
+
+/* Where one consumer thread sits: warpgroup wg (0/1), warp, g = lane / 4, t4 = lane % 4. */
+struct Lane {
+    int wg, tid, warp, g, t4;
+};
+
+/* s = Q K^T for the warpgroup's 64 rows: issue and commit only. */
+template <typename T, class C>
+__device__ __forceinline__ void issue_qk(float (&s)[C::kBlockN / 2], uint32_t q_addr, uint32_t k_addr) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kD / 16; ++kk) {
+        const uint32_t step = (kk % 4) * 32;
+        Wgmma<C::kBlockN>::template ss<T>(
+            s, desc_k_major(q_addr + (kk / 4) * C::kQPanelBytes + step),
+            desc_k_major(k_addr + (kk / 4) * C::kKVPanelBytes + step), kk > 0);
+    }
+    wgmma_commit();
+}
+
+/* o += P V: issue and commit only.  p[kk] is the A fragment of keys 16kk.. */
+template <typename T, class C>
+__device__ __forceinline__ void issue_pv(float (&o)[C::kD / 2], uint32_t (&p)[C::kBlockN / 16][4],
+                                         uint32_t v_addr) {
+    reg_fence(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+        Wgmma<C::kD>::template rs_mn<T>(o, p[kk], desc_mn_major(v_addr + kk * 16 * 128, C::kKVPanelBytes), 1);
+    wgmma_commit();
+}
+
+/* Raw dot products of key block n become the x of FwdArgs::exp_scale
+ * (unchanged without softcap); invisible entries become -inf when the block
+ * needs a mask. */
+template <class C>
+__device__ __forceinline__ void make_scores(float (&s)[C::kBlockN / 2], const FwdArgs &a, const FwdTile &t,
+                                            const Lane &ln, int n) {
+    constexpr int BN = C::kBlockN;
+    if (a.softcap_log2 > 0.f) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = tanhf(s[i] * a.tanh_scale) * a.softcap_log2;
+    }
+    if (!block_needs_mask<C>(a, t, n)) return;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        /* visible columns of this row, relative to the block: [lo, hi) */
+        const int64_t row = (int64_t)t.m0 + 64 * ln.wg + 16 * ln.warp + ln.g + 8 * half;
+        const int64_t first = (int64_t)n * BN;
+        int64_t hi = t.seq.sk;
+        if (a.window_right >= 0 && row + t.shift + a.window_right + 1 < hi)
+            hi = row + t.shift + a.window_right + 1;
+        const int64_t lo = a.window_left >= 0 ? row + t.shift - a.window_left : 0;
+        const int lo_rel = clamp_to(lo - first, 0, BN), hi_rel = clamp_to(hi - first, 0, BN);
+#pragma unroll
+        for (int blk = 0; blk < BN / 8; ++blk)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int col = 8 * blk + 2 * ln.t4 + e;
+                if (col < lo_rel || col >= hi_rel) s[4 * blk + 2 * half + e] = -INFINITY;
+            }
+    }
+}
+
+/* Online softmax over one block of x (log2 score = x * scale, scale > 0):
+ * updates the row max m (log2 units) and this thread's partial row sum l,
+ * turns s into exp2(x * scale - m) (one FFMA and one MUFU.EX2 per element)
+ * and returns the factor alpha the accumulator rows must be scaled by. */
+template <int BN>
+__device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
+                                               float (&alpha)[2], float scale) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float mx = s[2 * half];
+#pragma unroll
+        for (int blk = 0; blk < BN / 8; ++blk)
+            mx = fmaxf(mx, fmaxf(s[4 * blk + 2 * half], s[4 * blk + 2 * half + 1]));
+        mx = fmaxf(m[half], quad_max(mx) * scale);
+        const float base = mx == -INFINITY ? 0.f : mx; /* a row that saw nothing yet */
+        alpha[half] = exp2_approx(m[half] - base);
+        m[half] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int blk = 0; blk < BN / 8; ++blk)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float &x = s[4 * blk + 2 * half + e];
+                x = exp2_approx(fmaf(x, scale, -base));
+                sum += x;
+            }
+        l[half] = l[half] * alpha[half] + sum;
+    }
+}
+
+template <int D> __device__ __forceinline__ void scale_rows(float (&o)[D / 2], const float (&f)[2]) {
+#pragma unroll
+    for (int blk = 0; blk < D / 8; ++blk) {
+        o[4 * blk + 0] *= f[0];
+        o[4 * blk + 1] *= f[0];
+        o[4 * blk + 2] *= f[1];
+        o[4 * blk + 3] *= f[1];
+    }
+}
+
+/* P as wgmma A fragments: k-step kk takes score columns 16kk..16kk+15. */
+template <typename T, int BN>
+__device__ __forceinline__ void pack_p(uint32_t (&p)[BN / 16][4], const float (&s)[BN / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) p[kk][r] = elem<T>::pack(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+/* The stage's wgmmas are complete in every warp of this warpgroup once each
+ * warp's lane 0 arrives (the empty barriers count 8 = both consumer warpgroups). */
+__device__ __forceinline__ void release_stage(uint64_t *bar, const Lane &ln) {
+    __syncwarp();
+    if ((ln.tid & 31) == 0)
+        cuda::ptx::mbarrier_arrive(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                   bar);
+}
+
+/* Ping-pong turn taking: named barrier 3 is warpgroup 0's turn, 4 is
+ * warpgroup 1's; 256 threads each (the waiter and the passer). */
+__device__ __forceinline__ void turn_wait(const Lane &ln) {
+    if (ln.wg == 0)
+        __barrier_sync_count(3, 256);
+    else
+        __barrier_sync_count(4, 256);
+}
+__device__ __forceinline__ void turn_pass(const Lane &ln) {
+    if (ln.wg == 0)
+        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
+    else
+        asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+}
+
+/* ---- consumer main loops ------------------------------------------------------------ */
+
+/* Running state of one consumer thread: 2 rows (g and g + 8 of its warp). */
+template <int D> struct RowState {
+    float o[D / 2];
+    float m[2], l[2];
+};
+
+/* Scores and softmax of block n, pinned before whatever wait follows: the
+ * fences keep the compiler from sinking the exp2s below a wgmma wait. */
+template <class C>
+__device__ __forceinline__ void scores_softmax(float (&sc)[C::kBlockN / 2], float (&alpha)[2],
+                                               RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
+                                               const Lane &ln, int n) {
+    make_scores<C>(sc, a, t, ln, n);
+    softmax_update<C::kBlockN>(sc, st.m, st.l, alpha, a.exp_scale);
+    reg_fence(sc);
+    reg_fence2(st.l, alpha);
+}
+
+/* ptxas schedules a wgmma wait as early as it may, and it may run before
+ * the softmax that precedes it in the source (the fences above only order
+ * the compiler's IR): then the exp2s wait for P V and the overlap is lost.
+ * A shared-memory store of a value that depends on every exp2 (the row
+ * sums) stays before the wait, and so must they.  The slot is never read. */
+__device__ __forceinline__ void pin_before_wait(float *pin, const Lane &ln, const float (&l)[2]) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_u32(pin + ln.wg * 128 + ln.tid)), "f"(l[0] + l[1])
+                 : "memory");
+}
+
+/* v1: each block's GEMMs and softmax in sequence. */
+template <typename T, class C>
+__device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
+                                const FwdSmem<C> &sm, const Lane &ln) {
+    constexpr int BN = C::kBlockN;
+    const uint32_t q_addr = smem_u32(sm.q) + ln.wg * 64 * 128;
+    for (int n = t.n_min, it = 0; n <= t.n_max; ++n, ++it) {
+        const int s = it % C::kStages;
+        const uint32_t parity = (uint32_t)(it / C::kStages) & 1;
+        float sc[BN / 2], alpha[2];
+        uint32_t p[BN / 16][4];
+        mbar_wait(&sm.k_full[s], parity);
+        issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(s)));
+        wgmma_wait<0>();
+        reg_fence(sc);
+        release_stage(&sm.k_empty[s], ln);
+        scores_softmax<C>(sc, alpha, st, a, t, ln, n);
+        scale_rows<C::kD>(st.o, alpha);
+        pack_p<T, BN>(p, sc);
+        mbar_wait(&sm.v_full[s], parity);
+        issue_pv<T, C>(st.o, p, smem_u32(sm.v(s)));
+        wgmma_wait<0>();
+        reg_fence(st.o);
+        reg_fence(p);
+        release_stage(&sm.v_empty[s], ln);
+    }
+}
+
+/* v2 (the FA3 order): issue S_{j+1} = Q K_{j+1}^T, rescale O by block j's
+ * alpha while it runs, issue O += P_j V_j; wait for S_{j+1} only, release
+ * K_{j+1}, run the softmax of block j+1 under P_j V_j; then wait for it,
+ * release V_j and convert P_{j+1}. */
+template <typename T, class C>
+__device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
+                                 const FwdSmem<C> &sm, const Lane &ln) {
+    constexpr int BN = C::kBlockN;
+    constexpr bool kPingPong = C::kPingPong;
+    const uint32_t q_addr = smem_u32(sm.q) + ln.wg * 64 * 128;
+    float sc[BN / 2], alpha[2];
+    uint32_t p[BN / 16][4];
+
+    if (kPingPong && ln.wg == 1) turn_pass(ln); /* warpgroup 0 issues first */
+    mbar_wait(&sm.k_full[0], 0);
+    if (kPingPong) turn_wait(ln);
+    issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(0)));
+    if (kPingPong) turn_pass(ln);
+    wgmma_wait<0>();
+    reg_fence(sc);
+    release_stage(&sm.k_empty[0], ln);
+    scores_softmax<C>(sc, alpha, st, a, t, ln, t.n_min); /* alpha = 0: o is still zero */
+    pack_p<T, BN>(p, sc);
+
+    int it = 0; /* the block whose P is in p */
+    for (int n = t.n_min + 1; n <= t.n_max; ++n, ++it) {
+        const int cur = it % C::kStages, next = (it + 1) % C::kStages;
+        const uint32_t cur_parity = (uint32_t)(it / C::kStages) & 1;
+        const uint32_t next_parity = (uint32_t)((it + 1) / C::kStages) & 1;
+        mbar_wait(&sm.k_full[next], next_parity);
+        if (kPingPong) turn_wait(ln);
+        issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(next)));
+        scale_rows<C::kD>(st.o, alpha);
+        mbar_wait(&sm.v_full[cur], cur_parity);
+        issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)));
+        if (kPingPong) turn_pass(ln);
+        wgmma_wait<1>(); /* S of block n is done, P_j V_j may still run */
+        reg_fence(sc);
+        release_stage(&sm.k_empty[next], ln);
+        scores_softmax<C>(sc, alpha, st, a, t, ln, n);
+        pin_before_wait(sm.pin, ln, st.l);
+        wgmma_wait<0>();
+        reg_fence(st.o);
+        reg_fence(p);
+        release_stage(&sm.v_empty[cur], ln);
+        pack_p<T, BN>(p, sc);
+    }
+
+    const int cur = it % C::kStages;
+    scale_rows<C::kD>(st.o, alpha);
+    mbar_wait(&sm.v_full[cur], (uint32_t)(it / C::kStages) & 1);
+    if (kPingPong) turn_wait(ln);
+    issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)));
+    if (kPingPong) turn_pass(ln);
+    wgmma_wait<0>();
+    reg_fence(st.o);
+    reg_fence(p);
+    release_stage(&sm.v_empty[cur], ln);
+    if (kPingPong && ln.wg == 0) turn_wait(ln); /* takes warpgroup 1's last pass */
+}
+
+/* ---- epilogue ------------------------------------------------------------------------- */
+
+/* o / l to global through the warpgroup's Q rows in shared memory (all its
+ * wgmmas reading them are complete); lse = (m + log2 l) ln 2. Rows past the
+ * sequence and columns >= d_v are never written. */
+template <typename T, class C>
+__device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm,
+                          const Lane &ln) {
+    constexpr int D = C::kD;
+    using Tile = SmemTile<C::kBlockM, D>;
+    float inv[2], lse[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float l = quad_sum(st.l[half]);
+        inv[half] = l > 0.f ? 1.f / l : 0.f;
+        lse[half] = l > 0.f ? (st.m[half] + log2f(l)) * 0.69314718055994531f : -INFINITY;
+    }
+    scale_rows<D>(st.o, inv);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); /* the rows were TMA/wgmma data */
+
+    const int row_in_wg = 16 * ln.warp + ln.g;
+#pragma unroll
+    for (int blk = 0; blk < D / 8; ++blk)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const uint32_t off = Tile::offset(64 * ln.wg + row_in_wg + 8 * half, 8 * blk + 2 * ln.t4);
+            *(uint32_t *)(sm.q + off) = elem<T>::pack(st.o[4 * blk + 2 * half], st.o[4 * blk + 2 * half + 1]);
+        }
+    if (ln.wg == 0) /* the warpgroup's rows are staged */
+        __barrier_sync_count(1, 128);
+    else
+        __barrier_sync_count(2, 128);
+
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    T *o_head = (T *)a.o + (varlen ? t.seq.q_start * a.o_row_stride : (int64_t)t.b * a.o_batch_stride) +
+                (int64_t)t.h * a.o_head_stride;
+    constexpr int kChunksPerRow = D / 8;
+    for (int i = ln.tid; i < 64 * kChunksPerRow; i += 128) {
+        const int r = i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
+        const int row = t.m0 + 64 * ln.wg + r;
+        if (row < t.seq.sq && c < a.d_v)
+            *(uint4 *)(o_head + (int64_t)row * a.o_row_stride + c) =
+                *(const uint4 *)(sm.q + Tile::offset(64 * ln.wg + r, c));
+    }
+
+    float *lse_head = a.lse + (varlen ? t.seq.q_start : (int64_t)t.b * a.lse_batch_stride) +
+                      (int64_t)t.h * a.lse_head_stride;
+    if (ln.t4 == 0)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = t.m0 + 64 * ln.wg + row_in_wg + 8 * half;
+            if (row < t.seq.sq) lse_head[row] = lse[half];
+        }
+}
+
+template <typename T, class C>
+__device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int wg) {
+    Lane ln;
+    ln.wg = wg;
+    ln.tid = threadIdx.x % 128;
+    ln.warp = ln.tid / 32;
+    ln.g = (ln.tid % 32) / 4;
+    ln.t4 = ln.tid % 4;
+    RowState<C::kD> st;
+#pragma unroll
+    for (int i = 0; i < C::kD / 2; ++i) st.o[i] = 0.f;
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+    if (t.n_min <= t.n_max) {
+        mbar_wait(sm.q_full, 0);
+        if constexpr (C::kOverlap)
+            mainloop_overlap<T, C>(st, a, t, sm, ln);
+        else
+            mainloop_serial<T, C>(st, a, t, sm, ln);
+    }
+    fwd_store<T, C>(st, a, t, sm, ln);
+}
+
+/* ---- kernel ---------------------------------------------------------------------------- */
+
+/* The body exists only in the sm_90a device pass: a build that also targets
+ * sm_80 compiles an empty kernel there, which the dispatcher never launches. */
+template <typename T, class C>
+__global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ FwdArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ uint8_t smem_raw[];
+    const FwdSmem<C> sm(smem_raw);
+    const FwdTile t = fwd_tile<C>(a);
+    if (t.rows <= 0) return; /* varlen: this block lies past its sequence */
+    if (threadIdx.x == 0) {
+        cuda::ptx::mbarrier_init(sm.q_full, 1);
+        for (int s = 0; s < C::kStages; ++s) {
+            cuda::ptx::mbarrier_init(&sm.k_full[s], 1);
+            cuda::ptx::mbarrier_init(&sm.v_full[s], 1);
+            cuda::ptx::mbarrier_init(&sm.k_empty[s], 8);
+            cuda::ptx::mbarrier_init(&sm.v_empty[s], 8);
+        }
+        cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    }
+    __syncthreads();
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) {
+        regs_release<24>();
+        if (threadIdx.x == 0 && t.n_min <= t.n_max) fwd_produce<C>(a, t, sm);
+    } else {
+        regs_claim<240>();
+        fwd_consume<T, C>(a, t, sm, wg - 1);
+    }
+#endif
+}
+
+/* ---- host side ---------------------------------------------------------------------------- */
+
+typedef CUresult (*EncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *,
+                                  CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                  CUtensorMapFloatOOBfill);
+
+/* cuTensorMapEncodeTiled from the driver, without linking libcuda. */
+inline EncodeTiledFn encode_tiled_fn() {
+    static EncodeTiledFn fn = []() -> EncodeTiledFn {
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
+                                             &found) != cudaSuccess ||
+            found != cudaDriverEntryPointSuccess)
+            return nullptr;
+        return (EncodeTiledFn)ptr;
+    }();
+    return fn;
+}
+
+/* A 4D map (cols, rows, heads, batch) of 2-byte elements, boxes of 64
+ * columns x box_rows rows, 128B swizzle, zero fill out of range.  A stride
+ * of a dimension of size 1 is never used; it is replaced by a legal one. */
+inline bool encode_map(CUtensorMap *map, const void *ptr, bool is_half, int cols, int64_t rows, int heads,
+                       int batch, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                       int box_rows) {
+    EncodeTiledFn encode = encode_tiled_fn();
+    if (encode == nullptr) return false;
+    if (rows < 1) rows = 1;
+    if (heads == 1) head_stride = row_stride;
+    if (batch == 1) batch_stride = row_stride;
+    const int64_t strides[3] = {row_stride, head_stride, batch_stride};
+    for (int64_t s : strides)
+        if (s <= 0 || s % 8 != 0 || s >= ((int64_t)1 << 39)) return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)cols, (cuuint64_t)rows, (cuuint64_t)heads, (cuuint64_t)batch};
+    const cuuint64_t byte_strides[3] = {(cuuint64_t)row_stride * 2, (cuuint64_t)head_stride * 2,
+                                        (cuuint64_t)batch_stride * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)box_rows, 1, 1};
+    const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+    return encode(map, is_half ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+                  const_cast<void *>(ptr), dims, byte_strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, class C> bool make_fwd_args(const fat_params &p, FwdArgs *a) {
+    const bool varlen = p.cu_seqlens_q != nullptr, half = kIsHalf<T>;
+    const int batch = varlen ? 1 : p.b;
+    const int64_t rows_q = varlen ? p.total_q : p.sq, rows_k = varlen ? p.total_k : p.sk;
+    if (!encode_map(&a->q_map, p.q, half, p.d, rows_q, p.hq, batch, p.q_row_stride, p.q_head_stride,
+                    p.q_batch_stride, C::kBlockM) ||
+        !encode_map(&a->k_map, p.k, half, p.d, rows_k, p.hkv, batch, p.k_row_stride, p.k_head_stride,
+                    p.k_batch_stride, C::kBlockN) ||
+        !encode_map(&a->v_map, p.v, half, p.d_v, rows_k, p.hkv, batch, p.v_row_stride, p.v_head_stride,
+                    p.v_batch_stride, C::kBlockN))
+        return false;
+    a->o = p.o;
+    a->lse = p.lse;
+    a->cu_seqlens_q = p.cu_seqlens_q;
+    a->cu_seqlens_k = p.cu_seqlens_k;
+    a->o_batch_stride = p.o_batch_stride;
+    a->o_row_stride = p.o_row_stride;
+    a->o_head_stride = p.o_head_stride;
+    a->lse_batch_stride = p.lse_batch_stride;
+    a->lse_head_stride = p.lse_head_stride;
+    a->sq = p.sq;
+    a->sk = p.sk;
+    a->group = p.hq / p.hkv;
+    a->d_v = p.d_v;
+    fat_effective_window(&p, &a->window_left, &a->window_right);
+    const double log2e = 1.4426950408889634;
+    if (p.softcap > 0) {
+        a->exp_scale = 1.f;
+        a->tanh_scale = (float)(p.softmax_scale / p.softcap);
+        a->softcap_log2 = (float)(p.softcap * log2e);
+    } else {
+        a->exp_scale = (float)(p.softmax_scale * log2e);
+        a->tanh_scale = 0.f;
+        a->softcap_log2 = 0.f;
+    }
+    return true;
+}
+
+/* Launches one variant with prepared arguments. */
+template <typename T, class C>
+fat_status launch_fwd_args(const FwdArgs &a, int b, int hq, int sq, cudaStream_t stream) {
+    auto kernel = fwd_kernel<T, C>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes) !=
+        cudaSuccess)
+        return FAT_ERR_CUDA;
+    const dim3 grid((sq + C::kBlockM - 1) / C::kBlockM, hq, b);
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
+    return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;
+}
+
+/* Launches one variant; FAT_ERR_UNSUPPORTED when the tensors cannot be
+ * described to TMA (a stride not a multiple of 8 elements) or the grid is
+ * too large. */
+template <typename T, class C> fat_status launch_fwd(const fat_params &p, cudaStream_t stream) {
+    FwdArgs a;
+    if (p.hq > 65535 || p.b > 65535 || !make_fwd_args<T, C>(p, &a)) return FAT_ERR_UNSUPPORTED;
+    return launch_fwd_args<T, C>(a, p.b, p.hq, p.sq, stream);
+}
+
+/* The variants sm90_fwd runs (predictions and measurements: benchmarks/NOTES.md).
+ * kBlockN: 128; 80 at D = 256 (shared memory).  Stages: 3 at D = 64, else 2.
+ * FwdWide: 176 keys per block at D = 128 for problems without a causal or
+ * window edge (fewer, larger blocks; FA3's choice there). */
+template <int D> using FwdDefault = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, true>;
+using FwdWide128 = FwdConfig<128, 176, 2, true, true>;
+
+} /* namespace sm90 */
+
+template <typename T, int D> fat_status sm90_fwd(const fat_params &p, cudaStream_t stream) {
+    if constexpr (D == 128) {
+        int left, right;
+        fat_effective_window(&p, &left, &right);
+        if (left < 0 && right < 0) return sm90::launch_fwd<T, sm90::FwdWide128>(p, stream);
+    }
+    return sm90::launch_fwd<T, sm90::FwdDefault<D>>(p, stream);
+}
+
+} /* namespace fat */

@@ -1,0 +1,5 @@
+// sm80_bwd_hdim192.cu - the sm80 backward kernels (dq, dk, dv) instantiated for head dim 192 (one file per head dim so builds run in parallel and can be restricted).
+#include "fat_sm80_bwd.cuh"
+
+template fat_status fat::sm80_bwd<__half, 192>(const fat_params &, cudaStream_t);
+template fat_status fat::sm80_bwd<__nv_bfloat16, 192>(const fat_params &, cudaStream_t);

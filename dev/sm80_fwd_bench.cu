@@ -1,0 +1,128 @@
+/*
+ * sm80_fwd_bench.cu - times tile configurations of the sm80 forward kernel
+ * (fat_sm80_fwd.cuh) side by side, to choose Sm80FwdConfig per head dim.
+ * bf16, batch * seqlen = 16k tokens, hidden 2048 (heads = 2048 / D),
+ * non-causal and causal; each variant's output is compared with the first
+ * variant's (max abs difference) so a broken configuration shows.
+ *   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
+ *        dev/sm80_fwd_bench.cu csrc/fat_common.c -o /tmp/sm80_fwd_bench
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda/fat_sm80_fwd.cuh"
+
+using bf16 = __nv_bfloat16;
+
+__global__ void fill_random(bf16 *x, size_t n, uint32_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += gridDim.x * (size_t)blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+        x[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 3.0f);
+    }
+}
+
+struct Problem {
+    int b, s, h, d;
+    bf16 *q, *k, *v, *o;
+    float *lse;
+};
+
+fat_params params_of(const Problem &pr, int causal) {
+    fat_params p = {};
+    p.q = pr.q; p.k = pr.k; p.v = pr.v; p.o = pr.o; p.lse = pr.lse;
+    const int64_t row = (int64_t)pr.h * pr.d, batch = row * pr.s;
+    p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = batch;
+    p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = row;
+    p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = pr.d;
+    p.lse_batch_stride = (int64_t)pr.h * pr.s; p.lse_head_stride = pr.s;
+    p.b = pr.b; p.sq = p.sk = pr.s; p.hq = p.hkv = pr.h; p.d = p.d_v = pr.d;
+    p.dtype = FAT_BFLOAT16; p.softmax_scale = 1.0 / sqrt((double)pr.d);
+    p.causal = causal; p.window_left = p.window_right = -1;
+    return p;
+}
+
+typedef fat_status (*launch_fn)(const fat_params &, cudaStream_t);
+struct Variant { const char *name; int d; launch_fn fn; };
+
+template <class Cfg> Variant variant(const char *name) {
+    return {name, Cfg::D, fat::sm80_fwd_tiles<bf16, Cfg>};
+}
+
+float time_ms(launch_fn fn, const fat_params &p) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a); cudaEventCreate(&b);
+    for (int i = 0; i < 3; ++i) fn(p, 0);
+    std::vector<float> ms;
+    for (int i = 0; i < 10; ++i) {
+        cudaEventRecord(a);
+        fn(p, 0);
+        cudaEventRecord(b);
+        cudaEventSynchronize(b);
+        float t; cudaEventElapsedTime(&t, a, b); ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+float max_diff(const bf16 *x, const bf16 *y, size_t n) {
+    std::vector<bf16> hx(n), hy(n);
+    cudaMemcpy(hx.data(), x, n * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hy.data(), y, n * 2, cudaMemcpyDeviceToHost);
+    float m = 0;
+    for (size_t i = 0; i < n; ++i) m = fmaxf(m, fabsf(__bfloat162float(hx[i]) - __bfloat162float(hy[i])));
+    return m;
+}
+
+int main() {
+    using namespace fat;
+    const Variant variants[] = {
+        variant<Sm80FwdTiles<128, 4, 2, 32>>("d128 w4 mt2 n32"),
+        variant<Sm80FwdTiles<128, 4, 2, 64>>("d128 w4 mt2 n64"),
+        variant<Sm80FwdTiles<128, 8, 1, 64>>("d128 w8 mt1 n64"),
+        variant<Sm80FwdTiles<128, 8, 1, 64, true>>("d128 w8 mt1 n64 qreg"),
+        variant<Sm80FwdTiles<128, 8, 1, 32, true>>("d128 w8 mt1 n32 qreg"),
+        variant<Sm80FwdTiles<128, 4, 1, 64, true>>("d128 w4 mt1 n64 qreg"),
+        variant<Sm80FwdTiles<64, 4, 2, 64>>("d64 w4 mt2 n64"),
+        variant<Sm80FwdTiles<64, 4, 2, 128>>("d64 w4 mt2 n128"),
+        variant<Sm80FwdTiles<64, 8, 1, 64, true>>("d64 w8 mt1 n64 qreg"),
+        variant<Sm80FwdTiles<64, 8, 1, 128, true>>("d64 w8 mt1 n128 qreg"),
+    };
+    const int tokens = 16384, hidden = 2048;
+    const int seqlens[] = {1024, 4096, 16384};
+    printf("%-24s %6s %6s %9s %8s %10s\n", "variant", "seqlen", "causal", "ms", "TFLOPS", "maxdiff");
+    for (int d : {128, 64}) {
+        for (int s : seqlens) {
+            Problem pr = {tokens / s, s, hidden / d, d};
+            const size_t n = (size_t)tokens * hidden;
+            cudaMalloc(&pr.q, n * 2); cudaMalloc(&pr.k, n * 2); cudaMalloc(&pr.v, n * 2);
+            cudaMalloc(&pr.o, n * 2); cudaMalloc(&pr.lse, (size_t)tokens * pr.h * 4);
+            bf16 *first = nullptr;
+            cudaMalloc(&first, n * 2);
+            fill_random<<<1024, 256>>>(pr.q, n, 1); fill_random<<<1024, 256>>>(pr.k, n, 2);
+            fill_random<<<1024, 256>>>(pr.v, n, 3);
+            for (int causal = 0; causal < 2; ++causal) {
+                bool have_first = false;
+                for (const Variant &v : variants) {
+                    if (v.d != d) continue;
+                    const fat_params p = params_of(pr, causal);
+                    if (v.fn(p, 0) != FAT_OK) { printf("%s: launch failed\n", v.name); continue; }
+                    cudaDeviceSynchronize();
+                    float diff = 0;
+                    if (!have_first) { cudaMemcpy(first, pr.o, n * 2, cudaMemcpyDeviceToDevice); have_first = true; }
+                    else diff = max_diff(first, pr.o, n);
+                    const float ms = time_ms(v.fn, p);
+                    const double flops = 4.0 * pr.b * pr.h * (double)s * s * d / (causal ? 2 : 1);
+                    printf("%-24s %6d %6d %9.3f %8.1f %10.2e\n", v.name, s, causal, ms, flops / ms / 1e9, diff);
+                }
+            }
+            cudaFree(pr.q); cudaFree(pr.k); cudaFree(pr.v); cudaFree(pr.o); cudaFree(pr.lse); cudaFree(first);
+        }
+    }
+    cudaError_t e = cudaDeviceSynchronize();
+    printf("%s\n", e == cudaSuccess ? "ok" : cudaGetErrorString(e));
+    return e != cudaSuccess;
+}

@@ -1,0 +1,33 @@
+"""Small forward + backward calls on CUDA for compute-sanitizer (memcheck,
+racecheck, synccheck): odd sizes, causal, window, softcap, GQA, varlen, head
+dims that need padding.  Run:  compute-sanitizer --tool memcheck python3 scripts/sanitize_small.py
+"""
+import torch
+
+import flash_attn_t
+
+
+def run_dense(B, Sq, Sk, Hq, Hkv, D, **kw):
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    flash_attn_t.attention(q, k, v, **kw).sum().backward()
+
+
+def run_varlen(lens, Hq, Hkv, D, **kw):
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    t = sum(lens)
+    q = torch.randn(t, Hq, D, device="cuda", dtype=torch.float16, requires_grad=True)
+    k = torch.randn(t, Hkv, D, device="cuda", dtype=torch.float16, requires_grad=True)
+    v = torch.randn(t, Hkv, D, device="cuda", dtype=torch.float16, requires_grad=True)
+    flash_attn_t.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), **kw).sum().backward()
+
+
+if __name__ == "__main__":
+    run_dense(1, 97, 131, 4, 2, 64, causal=True)
+    run_dense(2, 130, 70, 2, 1, 128, window_size=(20, 5), softcap=5.0)
+    run_dense(1, 65, 65, 2, 2, 59, deterministic=True)
+    run_dense(1, 33, 200, 2, 2, 256, causal=True)
+    run_varlen([5, 130, 1, 77], 4, 1, 128, causal=True)
+    torch.cuda.synchronize()
+    print("sanitize_small: done,", flash_attn_t.last_cuda_backend())
