@@ -77,7 +77,9 @@ float max_diff(const bf16 *x, const bf16 *y, size_t n) {
     return m;
 }
 
-int main() {
+/* usage: sm80_fwd_bench [head_dim seqlen]  (default: the whole grid) */
+int main(int argc, char **argv) {
+    const int only_d = argc > 2 ? atoi(argv[1]) : 0, only_s = argc > 2 ? atoi(argv[2]) : 0;
     using namespace fat;
     const Variant variants[] = {
         variant<Sm80FwdTiles<128, 4, 2, 32>>("d128 w4 mt2 n32"),
@@ -96,6 +98,7 @@ int main() {
     printf("%-24s %6s %6s %9s %8s %10s\n", "variant", "seqlen", "causal", "ms", "TFLOPS", "maxdiff");
     for (int d : {128, 64}) {
         for (int s : seqlens) {
+            if (only_d && (d != only_d || s != only_s)) continue;
             Problem pr = {tokens / s, s, hidden / d, d};
             const size_t n = (size_t)tokens * hidden;
             cudaMalloc(&pr.q, n * 2); cudaMalloc(&pr.k, n * 2); cudaMalloc(&pr.v, n * 2);

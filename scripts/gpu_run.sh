@@ -3,6 +3,9 @@
 # machine's torch, run the main command, then whatever the environment asks:
 #   TESTS="pytest args"     e.g. TESTS="-k cuda tests"   (GPU test suite)
 #   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone)
+#   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
+#   NCU=1                   ncu stall/throughput sections of the sm80 forward
+#                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
 #                           scripts/sanitize_small.py
 #   BENCH="bench.py args"   e.g. BENCH="--suite fa3 --impl fat-sm80 sdpa-flash2"
@@ -36,7 +39,19 @@ if [ -n "${SM90_CHECK:-}" ]; then
     dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_check &&
     TAIL=60 step sm90_check timeout 120 /tmp/sm90_check $SM90_CHECK_ARGS
 fi
+if [ -n "${SM80_FWD_BENCH:-}" ]; then
+  step sm80_fwd_bench_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
+    dev/sm80_fwd_bench.cu csrc/fat_common.c -o /tmp/sm80_fwd_bench &&
+    TAIL=70 step sm80_fwd_bench timeout 120 /tmp/sm80_fwd_bench
+fi
 step build python3 -m pip install --no-build-isolation -e . -v || exit 1
+NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
+if [ -n "${NCU:-}" ]; then
+  [ -x /tmp/sm80_fwd_bench ] && TAIL=3 step ncu_fwd ncu --clock-control none $NCU_SECTIONS \
+    -k regex:sm80_fwd_kernel --launch-skip 2 -c 1 /tmp/sm80_fwd_bench 128 16384
+  TAIL=3 step ncu_bwd ncu --clock-control none $NCU_SECTIONS -k regex:dkdv -c 1 \
+    python3 scripts/profile_bwd.py
+fi
 grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20
 step main python3 -m flash_attn_t --seqlen 1024
 if [ -n "${TESTS:-}" ]; then

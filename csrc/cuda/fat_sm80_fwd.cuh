@@ -93,6 +93,50 @@ __device__ __forceinline__ T *seq_head_ptr(const void *base, int64_t batch_strid
     return const_cast<T *>(static_cast<const T *>(base)) + off;
 }
 
+/* Scores of one key block into the log2 domain: scale (and softcap).  One
+ * branch around the whole loop: per element it would split the element-wise
+ * code into basic blocks the scheduler cannot interleave. */
+template <int MT, int NT>
+__device__ __forceinline__ void scores_to_log2(float (&s)[MT][NT][4], const Sm80FwdArgs &args) {
+    if (args.softcap_pre != 0.f) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[mt][nt][e] = args.softcap_log2 * tanhf(s[mt][nt][e] * args.softcap_pre);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] *= args.scale_log2;
+    }
+}
+
+/* -inf where key col is not visible from query row; this thread's element
+ * (mt, nt, e) is row row0 + 16 mt + 8 (e / 2), col col0 + 8 nt + e % 2. */
+template <int MT, int NT>
+__device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], int row0, int col0, int shift,
+                                            int sk, const Sm80FwdArgs &args) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + mt * 16 + (e >> 1) * 8;
+                const int col = col0 + nt * 8 + (e & 1);
+                const bool visible =
+                    col < sk &&
+                    (args.window_right < 0 || col <= row + shift + args.window_right) &&
+                    (args.window_left < 0 || col >= row + shift - args.window_left);
+                if (!visible) s[mt][nt][e] = -INFINITY;
+            }
+}
+
 template <typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     sm80_fwd_kernel(const Sm80FwdArgs args) {
@@ -213,26 +257,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             n0 + BN > seq.sk ||
             (args.window_right >= 0 && n0 + BN - 1 > m0 + shift + args.window_right) ||
             (args.window_left >= 0 && n0 < m0 + BM - 1 + shift - args.window_left);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = s[mt][nt][e];
-                    x = p.softcap > 0 ? args.softcap_log2 * tanhf(x * args.softcap_pre)
-                                      : x * args.scale_log2;
-                    if (need_mask) {
-                        const int row = m0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
-                        const int col = n0 + nt * 8 + 2 * t + (e & 1);
-                        const bool visible =
-                            col < seq.sk &&
-                            (args.window_right < 0 || col <= row + shift + args.window_right) &&
-                            (args.window_left < 0 || col >= row + shift - args.window_left);
-                        if (!visible) x = -INFINITY;
-                    }
-                    s[mt][nt][e] = x;
-                }
+        scores_to_log2<MT, NT_S>(s, args);
+        if (need_mask)
+            mask_scores<MT, NT_S>(s, m0 + warp_row0 + g, n0 + 2 * t, shift, seq.sk, args);
 
         /* online softmax: new row max, rescale O and the running sum, P */
 #pragma unroll

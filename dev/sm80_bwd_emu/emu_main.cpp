@@ -1,0 +1,365 @@
+/*
+ * emu_main.cpp - runs the sm80 backward kernels (csrc/cuda/fat_sm80_bwd.cuh)
+ * on the CPU under emu_shim.h, for odd-sized dense and varlen problems at
+ * every compiled head dim: causal, sliding windows, softcap, GQA/MQA, d < D,
+ * empty sequences, deterministic and atomic dQ.  Compares dq, dk, dv with a
+ * float64 reference (max error over max |ref|), requires exact zeros where no
+ * key / query is visible, and checks that no element outside the outputs'
+ * valid rows and columns (strided, padded layouts) was written.
+ * The launch sequence below mirrors fat::sm80_bwd (which is not compiled
+ * here, since it uses <<< >>>): prep, dkdv, then dq_kernel or the convert.
+ */
+#include "emu_shim.h"
+
+#include "fat_sm80_bwd.cuh"
+
+#include <random>
+#include <string>
+
+namespace emu {
+std::vector<Fiber> fibers;
+std::vector<ThreadState> tstate;
+ucontext_t sched_ctx;
+int cur, nthreads;
+unsigned block_x;
+long progress;
+Group warp_group[32], cta_group;
+Exchange wx[32];
+unsigned char *shared_base;
+size_t shared_bytes;
+bool eager_copies;
+std::function<void()> fiber_body;
+std::vector<Range> buffers;
+std::vector<Shadow> shadow;
+bool race_check = true;
+
+static void fiber_entry() {
+    fiber_body();
+    fibers[cur].done = true;
+    swapcontext(&fibers[cur].ctx, &sched_ctx);
+}
+
+void run_grid(unsigned grid, int threads, size_t smem, const std::function<void()> &body) {
+    for (unsigned blk = 0; blk < grid; ++blk) {
+        block_x = blk;
+        nthreads = threads;
+        shared_bytes = smem;
+        if (smem) memset(shared_base, 0xff, smem); /* garbage: NaN patterns */
+        shadow.assign(smem, Shadow());
+        fibers.assign(threads, Fiber());
+        tstate.assign(threads, ThreadState());
+        for (auto &g : warp_group) g = Group();
+        cta_group = Group();
+        fiber_body = body;
+        for (int t = 0; t < threads; ++t) {
+            Fiber &f = fibers[t];
+            f.stack.resize(256 * 1024);
+            f.done = false;
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack.data();
+            f.ctx.uc_stack.ss_size = f.stack.size();
+            f.ctx.uc_link = nullptr;
+            makecontext(&f.ctx, fiber_entry, 0);
+        }
+        int remaining = threads;
+        while (remaining > 0) {
+            long before = progress;
+            int finished = 0;
+            for (int t = 0; t < threads; ++t) {
+                if (fibers[t].done) continue;
+                cur = t;
+                swapcontext(&sched_ctx, &fibers[t].ctx);
+                if (fibers[t].done) ++finished;
+            }
+            remaining -= finished;
+            if (remaining > 0 && finished == 0 && progress == before) fail("deadlock: barrier never completes");
+        }
+    }
+}
+} /* namespace emu */
+
+namespace fat { namespace bwd80 {
+alignas(1024) unsigned char dkdv_smem[1 << 18];
+alignas(1024) unsigned char dq_smem[1 << 18];
+} }
+
+/* ---- problem ---- */
+struct Problem {
+    std::string name;
+    bool bf16;
+    int b, sq, sk, hq, hkv, d, dv;
+    int causal, wl, wr;
+    double softcap;
+    int deterministic;
+    std::vector<int> lens_q, lens_k; /* varlen when not empty */
+};
+
+static const uint16_t kCanary = 0x7e7e;
+
+struct Tensor { /* 2-byte elements with strides */
+    std::vector<uint16_t> data;
+    int64_t batch_stride = 0, row_stride, head_stride;
+};
+
+template <typename T> static float to_f(uint16_t b) { return fat::elem<T>::to_float(T{b}); }
+template <typename T> static uint16_t from_f(float f) { return fat::elem<T>::from_float(f).x; }
+
+template <typename T, int D> static bool run_problem(const Problem &pr, uint64_t seed) {
+    const bool varlen = !pr.lens_q.empty();
+    const int B = pr.b;
+    std::vector<int> cu_q(B + 1, 0), cu_k(B + 1, 0);
+    std::vector<int> Lq(B), Lk(B);
+    for (int i = 0; i < B; ++i) {
+        Lq[i] = varlen ? pr.lens_q[i] : pr.sq;
+        Lk[i] = varlen ? pr.lens_k[i] : pr.sk;
+        cu_q[i + 1] = cu_q[i] + Lq[i];
+        cu_k[i + 1] = cu_k[i] + Lk[i];
+    }
+    const int max_q = varlen ? *std::max_element(Lq.begin(), Lq.end()) : pr.sq;
+    const int max_k = varlen ? *std::max_element(Lk.begin(), Lk.end()) : pr.sk;
+    const int64_t rows_q = varlen ? cu_q[B] : (int64_t)B * pr.sq, rows_k = varlen ? cu_k[B] : (int64_t)B * pr.sk;
+
+    auto make = [&](int heads, int width, int rows_per_batch, int64_t total_rows) {
+        Tensor t;
+        t.head_stride = width + 8;
+        t.row_stride = heads * t.head_stride + 8;
+        t.batch_stride = varlen ? 0 : rows_per_batch * t.row_stride + 16;
+        size_t n = varlen ? total_rows * t.row_stride : B * t.batch_stride;
+        t.data.assign(n + 64, kCanary);
+        return t;
+    };
+    Tensor q = make(pr.hq, pr.d, pr.sq, rows_q), k = make(pr.hkv, pr.d, pr.sk, rows_k),
+           v = make(pr.hkv, pr.dv, pr.sk, rows_k), o = make(pr.hq, pr.dv, pr.sq, rows_q),
+           dout = make(pr.hq, pr.dv, pr.sq, rows_q), dq = make(pr.hq, pr.d, pr.sq, rows_q),
+           dk = make(pr.hkv, pr.d, pr.sk, rows_k), dvt = make(pr.hkv, pr.dv, pr.sk, rows_k);
+    auto off = [&](const Tensor &t, int b, int i, int h, int c, bool kside) -> int64_t {
+        int64_t start = kside ? cu_k[b] : cu_q[b];
+        return varlen ? (start + i) * t.row_stride + (int64_t)h * t.head_stride + c
+                      : b * t.batch_stride + (int64_t)i * t.row_stride + (int64_t)h * t.head_stride + c;
+    };
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> uni(-1.f, 1.f);
+    auto fill = [&](Tensor &t, int heads, int width, bool kside, float amp) {
+        for (int b = 0; b < B; ++b)
+            for (int i = 0; i < (kside ? Lk[b] : Lq[b]); ++i)
+                for (int h = 0; h < heads; ++h)
+                    for (int c = 0; c < width; ++c) t.data[off(t, b, i, h, c, kside)] = from_f<T>(amp * uni(rng));
+    };
+    fill(q, pr.hq, pr.d, false, 1.5f);
+    fill(k, pr.hkv, pr.d, true, 1.5f);
+    fill(v, pr.hkv, pr.dv, true, 1.f);
+    fill(dout, pr.hq, pr.dv, false, 1.f);
+
+    fat_params p;
+    memset(&p, 0, sizeof p);
+    p.b = B; p.sq = max_q; p.sk = max_k; p.hq = pr.hq; p.hkv = pr.hkv; p.d = pr.d; p.d_v = pr.dv;
+    p.dtype = pr.bf16 ? FAT_BFLOAT16 : FAT_FLOAT16;
+    p.softmax_scale = 1.0 / std::sqrt((double)pr.d) * 1.3;
+    p.causal = pr.causal; p.window_left = pr.wl; p.window_right = pr.wr; p.softcap = pr.softcap;
+    p.deterministic = pr.deterministic;
+    int wl, wr;
+    fat_effective_window(&p, &wl, &wr);
+    const int group = pr.hq / pr.hkv;
+
+    /* forward in float64 */
+    const int64_t lse_head_stride = varlen ? rows_q + 3 : pr.sq + 3;
+    const int64_t lse_batch_stride = varlen ? 0 : pr.hq * lse_head_stride + 5;
+    std::vector<float> lse(varlen ? pr.hq * lse_head_stride + 8 : B * lse_batch_stride + 8, 1234.f);
+    auto lse_off = [&](int b, int h, int i) -> int64_t {
+        return varlen ? (int64_t)h * lse_head_stride + cu_q[b] + i : b * lse_batch_stride + h * lse_head_stride + i;
+    };
+    auto visible = [&](int b, int i, int j) {
+        int64_t shift = (int64_t)Lk[b] - Lq[b];
+        return (wr < 0 || j <= i + shift + wr) && (wl < 0 || j >= i + shift - wl);
+    };
+    const double scale = p.softmax_scale, cap = p.softcap;
+    auto score = [&](int b, int h, int i, int j, double *dt) {
+        int hk = h / group;
+        double s = 0;
+        for (int c = 0; c < pr.d; ++c)
+            s += (double)to_f<T>(q.data[off(q, b, i, h, c, false)]) * to_f<T>(k.data[off(k, b, j, hk, c, true)]);
+        s *= scale;
+        if (cap > 0) { double t = std::tanh(s / cap); if (dt) *dt = 1 - t * t; return cap * t; }
+        if (dt) *dt = 1;
+        return s;
+    };
+    /* reference outputs */
+    std::vector<char> q_sees(rows_q, 0), k_seen(rows_k, 0); /* structural zeros otherwise */
+    for (int b = 0; b < B; ++b)
+        for (int i = 0; i < Lq[b]; ++i)
+            for (int j = 0; j < Lk[b]; ++j)
+                if (visible(b, i, j)) q_sees[cu_q[b] + i] = k_seen[cu_k[b] + j] = 1;
+    std::vector<double> rdq((size_t)rows_q * pr.hq * pr.d, 0), rdk((size_t)rows_k * pr.hkv * pr.d, 0),
+        rdv((size_t)rows_k * pr.hkv * pr.dv, 0);
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < pr.hq; ++h) {
+            int hk = h / group, n = Lk[b];
+            for (int i = 0; i < Lq[b]; ++i) {
+                std::vector<double> s(n), P(n, 0), dt(n);
+                double mx = -INFINITY;
+                for (int j = 0; j < n; ++j) {
+                    s[j] = visible(b, i, j) ? score(b, h, i, j, &dt[j]) : -INFINITY;
+                    mx = std::max(mx, s[j]);
+                }
+                double sum = 0;
+                for (int j = 0; j < n; ++j) sum += s[j] == -INFINITY ? 0 : std::exp(s[j] - mx);
+                double l = sum > 0 ? mx + std::log(sum) : -INFINITY;
+                lse[lse_off(b, h, i)] = (float)l;
+                for (int j = 0; j < n; ++j) P[j] = (s[j] == -INFINITY) ? 0 : std::exp(s[j] - (double)(float)l);
+                for (int c = 0; c < pr.dv; ++c) {
+                    double acc = 0;
+                    for (int j = 0; j < n; ++j) acc += P[j] * to_f<T>(v.data[off(v, b, j, hk, c, true)]);
+                    o.data[off(o, b, i, h, c, false)] = from_f<T>((float)acc);
+                }
+                double dot = 0;
+                for (int c = 0; c < pr.dv; ++c)
+                    dot += (double)to_f<T>(dout.data[off(dout, b, i, h, c, false)]) * to_f<T>(o.data[off(o, b, i, h, c, false)]);
+                int64_t rq = cu_q[b] + i; /* flat row (dense: cu_q = b * sq too) */
+                for (int j = 0; j < n; ++j) {
+                    if (P[j] == 0) continue;
+                    double dp = 0;
+                    for (int c = 0; c < pr.dv; ++c)
+                        dp += (double)to_f<T>(dout.data[off(dout, b, i, h, c, false)]) * to_f<T>(v.data[off(v, b, j, hk, c, true)]);
+                    double ds = P[j] * (dp - dot) * dt[j];
+                    int64_t rk = cu_k[b] + j;
+                    for (int c = 0; c < pr.d; ++c) {
+                        rdq[(rq * pr.hq + h) * pr.d + c] += scale * ds * to_f<T>(k.data[off(k, b, j, hk, c, true)]);
+                        rdk[(rk * pr.hkv + hk) * pr.d + c] += scale * ds * to_f<T>(q.data[off(q, b, i, h, c, false)]);
+                    }
+                    for (int c = 0; c < pr.dv; ++c)
+                        rdv[(rk * pr.hkv + hk) * pr.dv + c] += P[j] * to_f<T>(dout.data[off(dout, b, i, h, c, false)]);
+                }
+            }
+        }
+
+    /* kernel inputs */
+    std::vector<int32_t> cuq32(cu_q.begin(), cu_q.end()), cuk32(cu_k.begin(), cu_k.end());
+    p.q = q.data.data(); p.k = k.data.data(); p.v = v.data.data(); p.o = o.data.data();
+    p.lse = lse.data(); p.dout = dout.data.data();
+    p.dq = dq.data.data(); p.dk = dk.data.data(); p.dv = dvt.data.data();
+#define STRIDES(name, t) p.name##_batch_stride = t.batch_stride; p.name##_row_stride = t.row_stride; p.name##_head_stride = t.head_stride;
+    STRIDES(q, q) STRIDES(k, k) STRIDES(v, v) STRIDES(o, o) STRIDES(do, dout) STRIDES(dq, dq) STRIDES(dk, dk) STRIDES(dv, dvt)
+    p.lse_batch_stride = lse_batch_stride; p.lse_head_stride = lse_head_stride;
+    if (varlen) { p.cu_seqlens_q = cuq32.data(); p.cu_seqlens_k = cuk32.data(); p.total_q = rows_q; p.total_k = rows_k; }
+    const fat::bwd80::WorkspaceLayout wl_ = fat::bwd80::workspace_layout(p, D);
+    std::vector<unsigned char> ws(wl_.total + 256, 0xff);
+    p.workspace = ws.data(); p.workspace_bytes = wl_.total;
+
+    emu::buffers.clear();
+    for (Tensor *t : {&q, &k, &v, &o, &dout, &dq, &dk, &dvt}) emu::buffers.push_back({(const char *)t->data.data(), t->data.size() * 2});
+    emu::buffers.push_back({(const char *)lse.data(), lse.size() * 4});
+    emu::buffers.push_back({(const char *)ws.data(), wl_.total});
+    emu::buffers.push_back({(const char *)cuq32.data(), cuq32.size() * 4});
+    emu::buffers.push_back({(const char *)cuk32.data(), cuk32.size() * 4});
+
+    /* the launcher's sequence (fat::sm80_bwd without the CUDA runtime) */
+    using Cfg = fat::bwd80::BwdConfig<D>;
+    const fat::bwd80::BwdArgs args = fat::bwd80::make_args(p, D);
+    const int64_t row_items = args.rows_q * p.hq;
+    const unsigned row_blocks = (unsigned)((row_items + 7) / 8);
+    emu::shared_base = fat::bwd80::dkdv_smem;
+    emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_prep_kernel<T, D>(args); });
+    const unsigned kv_blocks = (unsigned)((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN * p.hkv * p.b);
+    emu::run_grid(kv_blocks, Cfg::kThreads, fat::bwd80::DkdvSmem<D>::kBytes, [&] { fat::bwd80::dkdv_kernel<T, D>(args); });
+    if (p.deterministic) {
+        emu::shared_base = fat::bwd80::dq_smem;
+        const unsigned q_blocks = (unsigned)((p.sq + Cfg::kQBlockM - 1) / Cfg::kQBlockM * p.hq * p.b);
+        emu::run_grid(q_blocks, Cfg::kQThreads, fat::bwd80::DqSmem<D>::kBytes, [&] { fat::bwd80::dq_kernel<T, D>(args); });
+    } else {
+        emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
+    }
+
+    /* compare */
+    bool ok = true;
+    auto check = [&](const char *nm, Tensor &t, const std::vector<double> &ref, int heads, int width, bool kside) {
+        std::vector<char> written(t.data.size(), 0);
+        double max_ref = 0, max_err = 0;
+        long zero_bad = 0, nan_bad = 0;
+        for (int b = 0; b < B; ++b)
+            for (int i = 0; i < (kside ? Lk[b] : Lq[b]); ++i)
+                for (int h = 0; h < heads; ++h)
+                    for (int c = 0; c < width; ++c) {
+                        int64_t o_ = off(t, b, i, h, c, kside);
+                        written[o_] = 1;
+                        int64_t flat = (kside ? cu_k[b] : cu_q[b]) + i;
+                        double r = ref[(flat * heads + h) * width + c];
+                        double x = to_f<T>(t.data[o_]);
+                        if (std::isnan(x)) { ++nan_bad; continue; }
+                        max_ref = std::max(max_ref, std::fabs(r));
+                        max_err = std::max(max_err, std::fabs(x - r));
+                        if (!(kside ? k_seen : q_sees)[flat] && x != 0) ++zero_bad;
+                    }
+        long canary_bad = 0;
+        for (size_t i = 0; i < t.data.size(); ++i)
+            if (!written[i] && t.data[i] != kCanary) ++canary_bad;
+        double rel = max_ref > 0 ? max_err / max_ref : max_err;
+        double tol = pr.bf16 ? 3e-2 : 6e-3;
+        bool good = rel <= tol && zero_bad == 0 && canary_bad == 0 && nan_bad == 0;
+        printf("    %-3s max|ref| %9.3e  max err %9.3e  rel %8.2e  zero_bad %ld  canary_bad %ld  nan %ld  %s\n", nm, max_ref,
+               max_err, rel, zero_bad, canary_bad, nan_bad, good ? "ok" : "FAIL");
+        ok = ok && good;
+    };
+    printf("[%s] D=%d %s\n", pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16");
+    check("dq", dq, rdq, pr.hq, pr.d, false);
+    check("dk", dk, rdk, pr.hkv, pr.d, true);
+    check("dv", dvt, rdv, pr.hkv, pr.dv, true);
+    return ok;
+}
+
+template <int D> static bool run_both(const Problem &pr, uint64_t seed) {
+    return pr.bf16 ? run_problem<__nv_bfloat16, D>(pr, seed) : run_problem<__half, D>(pr, seed);
+}
+
+static bool run_d(int D, const Problem &pr, uint64_t seed) {
+    switch (D) {
+    case 32: return run_both<32>(pr, seed);
+    case 64: return run_both<64>(pr, seed);
+    case 96: return run_both<96>(pr, seed);
+    case 128: return run_both<128>(pr, seed);
+    case 192: return run_both<192>(pr, seed);
+    case 256: return run_both<256>(pr, seed);
+    }
+    return false;
+}
+
+int main(int argc, char **argv) {
+    emu::eager_copies = getenv("EMU_EAGER") != nullptr;
+    const char *only = getenv("EMU_ONLY");
+    struct Case { int D; Problem pr; };
+    std::vector<Case> cases = {
+        {64, {"dense causal gqa", false, 2, 70, 77, 4, 2, 64, 64, 1, -1, -1, 0, 0, {}, {}}},
+        {64, {"dense causal gqa det", false, 2, 70, 77, 4, 2, 64, 64, 1, -1, -1, 0, 1, {}, {}}},
+        {32, {"dense sq>sk causal", true, 1, 150, 40, 2, 1, 32, 32, 1, -1, -1, 0, 0, {}, {}}},
+        {32, {"dense sq>sk causal det", true, 1, 150, 40, 2, 1, 32, 32, 1, -1, -1, 0, 1, {}, {}}},
+        {96, {"dense window softcap d<D", false, 1, 90, 200, 2, 2, 88, 80, 0, 30, 7, 20.0, 0, {}, {}}},
+        {96, {"dense window softcap d<D det", false, 1, 90, 200, 2, 2, 88, 80, 0, 30, 7, 20.0, 1, {}, {}}},
+        {128, {"varlen window", true, 3, 0, 0, 2, 1, 120, 104, 0, 20, 5, 0, 0, {5, 130, 64}, {17, 100, 64}}},
+        {128, {"varlen window det", true, 3, 0, 0, 2, 1, 120, 104, 0, 20, 5, 0, 1, {5, 130, 64}, {17, 100, 64}}},
+        {128, {"varlen causal empty seqs", false, 4, 0, 0, 3, 3, 128, 128, 1, -1, -1, 0, 0, {0, 33, 70, 9}, {12, 0, 129, 1}}},
+        {128, {"varlen causal empty seqs det", false, 4, 0, 0, 3, 3, 128, 128, 1, -1, -1, 0, 1, {0, 33, 70, 9}, {12, 0, 129, 1}}},
+        {192, {"dense noncausal mqa", true, 1, 67, 130, 4, 1, 192, 184, 0, -1, -1, 0, 0, {}, {}}},
+        {192, {"dense noncausal mqa det", true, 1, 67, 130, 4, 1, 192, 184, 0, -1, -1, 0, 1, {}, {}}},
+        {256, {"dense causal softcap", false, 2, 65, 65, 2, 2, 256, 248, 1, -1, -1, 15.0, 0, {}, {}}},
+        {256, {"dense causal softcap det", false, 2, 65, 65, 2, 2, 256, 248, 1, -1, -1, 15.0, 1, {}, {}}},
+        {64, {"dense tiny", false, 1, 1, 1, 1, 1, 64, 64, 1, -1, -1, 0, 0, {}, {}}},
+        {64, {"dense left window only", true, 1, 100, 60, 2, 1, 56, 64, 0, 10, -1, 0, 0, {}, {}}},
+        {64, {"dense multi-block gqa3", false, 1, 300, 260, 3, 1, 64, 64, 0, -1, -1, 0, 0, {}, {}}},
+        {64, {"dense multi-block gqa3 causal det", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 1, {}, {}}},
+        {32, {"dense right window only fp16 det", false, 2, 77, 140, 2, 2, 32, 24, 0, -1, 12, 0, 1, {}, {}}},
+        {32, {"dense right window only fp16", false, 2, 77, 140, 2, 2, 32, 24, 0, -1, 12, 0, 0, {}, {}}},
+        {192, {"dense window softcap fp16", false, 1, 100, 90, 2, 1, 184, 192, 0, 40, 3, 10.0, 0, {}, {}}},
+        {192, {"dense window softcap fp16 det", false, 1, 100, 90, 2, 1, 184, 192, 0, 40, 3, 10.0, 1, {}, {}}},
+        {256, {"varlen bf16 causal", true, 2, 0, 0, 2, 1, 256, 256, 1, -1, -1, 0, 0, {70, 3}, {140, 66}}},
+        {256, {"varlen bf16 causal det", true, 2, 0, 0, 2, 1, 256, 256, 1, -1, -1, 0, 1, {70, 3}, {140, 66}}},
+        {96, {"varlen fp16 mixed", false, 3, 0, 0, 4, 2, 96, 96, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}},
+        {96, {"varlen fp16 mixed det", false, 3, 0, 0, 4, 2, 96, 96, 0, -1, -1, 5.0, 1, {129, 1, 64}, {1, 129, 65}}},
+    };
+    int failures = 0, n = 0;
+    for (size_t i = 0; i < cases.size(); ++i) {
+        if (only && cases[i].pr.name.find(only) == std::string::npos) continue;
+        ++n;
+        if (!run_d(cases[i].D, cases[i].pr, 1000 + i)) ++failures;
+    }
+    printf("%d passed, %d failed\n", n - failures, failures);
+    return failures != 0;
+}
