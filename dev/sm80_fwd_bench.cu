@@ -88,10 +88,17 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<128, 8, 1, 64, true>>("d128 w8 mt1 n64 qreg"),
         variant<Sm80FwdTiles<128, 8, 1, 32, true>>("d128 w8 mt1 n32 qreg"),
         variant<Sm80FwdTiles<128, 4, 1, 64, true>>("d128 w4 mt1 n64 qreg"),
+        variant<Sm80FwdTiles<128, 4, 2, 32, false, true>>("d128 w4 mt2 n32 exp2"),
+        variant<Sm80FwdTiles<128, 4, 2, 32, false, true, true>>("d128 w4 mt2 n32 exp2 lazy"),
+        variant<Sm80FwdTiles<128, 4, 2, 64, false, true>>("d128 w4 mt2 n64 exp2"),
+        variant<Sm80FwdTiles<128, 4, 2, 64, false, true, true>>("d128 w4 mt2 n64 exp2 lazy"),
         variant<Sm80FwdTiles<64, 4, 2, 64>>("d64 w4 mt2 n64"),
         variant<Sm80FwdTiles<64, 4, 2, 128>>("d64 w4 mt2 n128"),
         variant<Sm80FwdTiles<64, 8, 1, 64, true>>("d64 w8 mt1 n64 qreg"),
         variant<Sm80FwdTiles<64, 8, 1, 128, true>>("d64 w8 mt1 n128 qreg"),
+        variant<Sm80FwdTiles<64, 4, 2, 64, false, true>>("d64 w4 mt2 n64 exp2"),
+        variant<Sm80FwdTiles<64, 4, 2, 64, false, true, true>>("d64 w4 mt2 n64 exp2 lazy"),
+        variant<Sm80FwdTiles<64, 4, 2, 128, false, true, true>>("d64 w4 mt2 n128 exp2 lazy"),
     };
     const int tokens = 16384, hidden = 2048;
     const int seqlens[] = {1024, 4096, 16384};

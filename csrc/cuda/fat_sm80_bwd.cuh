@@ -29,8 +29,11 @@
  *     block, query head, batch), loops over the visible key blocks in order,
  *     recomputes S, P, dP, dS and keeps dQ in registers.
  *
- * Who owns what in dkdv_kernel (kWarps warps, kSplitD of them per 16 keys):
- *   warp w: keys key_row0 = 16 * (w / kSplitD) .. +15 of the block; for S^T
+ * Who owns what in dkdv_kernel (kWarps warps, kSplitD of them per 16
+ * kKeyTiles keys; tile sizes in BwdTiles):
+ *   warp w: keys key_row0 = 16 kKeyTiles (w / kSplitD) .. +16 kKeyTiles - 1
+ *   of the block (kKeyTiles m16 tiles, so every Q / dO fragment it reads
+ *   feeds kKeyTiles MMAs); for S^T
  *   and dP^T the query columns (w % kSplitD) * kBlockM / kSplitD .. (the
  *   whole query block when kSplitD = 1); for dK, dV the head-dim columns
  *   (w % kSplitD) * D / kSplitD ...  With kSplitD = 1, P^T and dS^T feed
@@ -42,8 +45,8 @@
  * Within a warp, fragment layouts are those of fat_sm80_primitives.cuh: lane
  * 4 g + t holds C rows g, g + 8 and columns 2t, 2t + 1 of every n8 tile.
  *
- * Shared-memory tiles are PaddedTile (rows 16 bytes longer than the data)
- * rather than the swizzled SmemTile: see PaddedTile.
+ * Shared-memory tiles are fat::PaddedTile (rows 16 bytes longer than the
+ * data) rather than the swizzled SmemTile: see PaddedTile.
  *
  * Workspace (sm80_bwd_workspace_bytes; fp32, each array 256-byte aligned),
  * rows_q = b * sq (dense) or total_q (varlen), flat row = b * sq + i or
@@ -61,51 +64,6 @@
 namespace fat {
 namespace bwd80 {
 
-/* ---- padded shared-memory tiles ------------------------------------------ */
-
-/* Rows x Cols 2-byte elements, rows kRowBytes = 2 Cols + 16 bytes apart: the
- * 16 pad bytes put the 8 row addresses of an ldmatrix (and the 8 rows of a C
- * fragment store) on distinct bank groups, and every fragment address is a
- * per-lane base plus a compile-time offset, so no per-fragment address has to
- * live in a register (the XOR swizzle of SmemTile needs one per column
- * offset, which spills at these tile sizes).  Same interface as SmemTile, so
- * the loaders of fat_sm80_primitives.cuh take it. */
-template <int Rows, int Cols> struct PaddedTile {
-    static_assert(Rows % 16 == 0 && Cols % 16 == 0, "whole 16 x 16 fragments");
-    static constexpr int kRowBytes = 2 * Cols + 16;
-    static constexpr int kBytes = Rows * kRowBytes;
-    static __device__ __forceinline__ uint32_t offset(int row, int col) {
-        return (uint32_t)(row * kRowBytes + col * 2);
-    }
-    static __device__ __forceinline__ uint32_t lane_bits(int lane_row, int lane_col) {
-        return offset(lane_row, lane_col);
-    }
-    static __device__ __forceinline__ uint32_t frag_offset(int row0, int col0, uint32_t lane) {
-        return offset(row0, col0) + lane;
-    }
-};
-
-/* load_tile_async into a PaddedTile: rows >= valid_rows and columns >=
- * valid_cols (a multiple of 8) are zero filled; all NThreads threads take part. */
-template <int Rows, int Cols, int NThreads, typename T>
-__device__ __forceinline__ void load_padded_tile_async(uint32_t smem_base, const T *gmem,
-                                                       int64_t row_stride, int valid_rows,
-                                                       int valid_cols, int tid) {
-    constexpr int kChunksPerRow = Cols / 8;
-    constexpr int kChunks = Rows * kChunksPerRow;
-    constexpr int kIters = (kChunks + NThreads - 1) / NThreads;
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-        const int i = tid + it * NThreads;
-        if (kChunks % NThreads != 0 && i >= kChunks) break;
-        const int row = i / kChunksPerRow;
-        const int col = (i % kChunksPerRow) * 8;
-        const bool valid = row < valid_rows && col < valid_cols;
-        const T *src = valid ? gmem + (int64_t)row * row_stride + col : gmem;
-        cp_async_16(smem_base + PaddedTile<Rows, Cols>::offset(row, col), src, valid);
-    }
-}
-
 /* ---- tile configuration ------------------------------------------------- */
 
 /* Columns of one dQ chunk: the largest of 64, 48, 32, 16 that divides span
@@ -118,22 +76,31 @@ constexpr int dq_chunk_cols(int span, int m_tiles) {
                                                     : 16;
 }
 
-/* Every tile size of the backward, by head dim.  Live fp32 registers per
- * thread of dkdv_kernel ~ (dK + dV) D / kSplitD + (S^T + dP^T) kBlockM /
- * kSplitD (16-key warp tiles); with addressing they must fit 255 without
- * spills (ptxas -v, sm_80 and sm_90a).  Shared memory (padded tiles) must
- * fit the 163 KB of an A100: D >= 192 single-buffers Q / dO. */
-template <int D> struct BwdConfig {
+/* One tile configuration of the backward.  dkdv_kernel: kWarps warps; each
+ * owns kKeyTiles m16 key tiles (16 kKeyTiles keys), kSplitD warps share
+ * those keys (each 1 / kSplitD of the query columns of S^T, dP^T and of the
+ * head-dim columns of dK, dV), so kBlockN = 16 kKeyTiles kWarps / kSplitD;
+ * query blocks of kBlockM rows, kStages Q / dO / lse / dot buffers.  Live
+ * fp32 registers per thread ~ kKeyTiles ((dK + dV) D + (S^T + dP^T)
+ * kBlockM) / (16 kSplitD); with addressing they must fit 255 without spills
+ * (ptxas -v, sm_80 and sm_90a).  Shared memory (padded tiles) must fit the
+ * device (163 KB on an A100, 227 KB on an H100 / H200; the launcher answers
+ * unsupported otherwise).  dq_kernel (deterministic mode) tiles depend on D
+ * only. */
+template <int D_, int kWarps_, int kKeyTiles_, int kSplitD_, int kBlockM_, int kStages_>
+struct BwdTiles {
+    static constexpr int D = D_;
     /* dkdv_kernel */
-    static constexpr int kWarps = 8;
+    static constexpr int kWarps = kWarps_;
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kSplitD = D >= 192 ? 2 : 1;
-    static constexpr int kBlockN = 16 * kWarps / kSplitD;
-    static constexpr int kBlockM = D <= 32 ? 128 : 64;
-    static constexpr int kStages = D >= 192 ? 1 : 2; /* Q / dO / lse / dot buffers */
-    static constexpr int kSTiles = kBlockM / kSplitD / 8;  /* n8 tiles of S^T per warp */
-    static constexpr int kKvTiles = D / kSplitD / 8;       /* n8 tiles of dK, dV per warp */
-    static constexpr int kDqMTiles = D >= 128 ? 2 : 1; /* m16 tiles per warp in dQ */
+    static constexpr int kKeyTiles = kKeyTiles_; /* m16 key tiles per warp */
+    static constexpr int kSplitD = kSplitD_;
+    static constexpr int kBlockN = 16 * kKeyTiles * kWarps / kSplitD;
+    static constexpr int kBlockM = kBlockM_;
+    static constexpr int kStages = kStages_;
+    static constexpr int kSTiles = kBlockM / kSplitD / 8; /* n8 tiles of S^T per key tile */
+    static constexpr int kKvTiles = D / kSplitD / 8;      /* n8 tiles of dK, dV per key tile */
+    static constexpr int kDqMTiles = D >= 128 ? 2 : 1;    /* m16 tiles per warp in dQ */
     static constexpr int kDqWarpsM = kBlockM / (16 * kDqMTiles);
     static constexpr int kDqWarpsD = kWarps / kDqWarpsM;
     static constexpr int kDqSpan = D / kDqWarpsD;
@@ -146,6 +113,7 @@ template <int D> struct BwdConfig {
     static constexpr int kQStages = D >= 256 ? 1 : 2; /* K / V buffers */
 
     static_assert(kWarps % kSplitD == 0, "warps split evenly over key rows");
+    static_assert(kStages == 1 || kStages == 2, "single or double buffered");
     static_assert(kSTiles % 2 == 0 && kKvTiles % 2 == 0, "warp tiles are whole n16 pairs");
     static_assert(kDqWarpsM * 16 * kDqMTiles == kBlockM && kDqWarpsM * kDqWarpsD == kWarps,
                   "dQ warps cover the query block");
@@ -154,11 +122,16 @@ template <int D> struct BwdConfig {
     static_assert(D % 32 == 0 && D <= FAT_MAX_HEAD_DIM, "compiled head dims");
 };
 
+/* The configuration each head dim runs with.  D >= 192 single-buffers Q / dO
+ * to fit an A100's shared memory. */
+template <int D>
+struct BwdConfig : BwdTiles<D, 8, 1, (D >= 192 ? 2 : 1), (D <= 32 ? 128 : 64),
+                            (D >= 192 ? 1 : 2)> {};
+
 /* Byte offsets of dkdv_kernel's shared memory (all multiples of 16). */
-template <int D> struct DkdvSmem {
-    using Cfg = BwdConfig<D>;
-    using KvTile = PaddedTile<Cfg::kBlockN, D>;           /* K, V: [key][col] */
-    using QTile = PaddedTile<Cfg::kBlockM, D>;            /* Q, dO: [query][col] */
+template <class Cfg> struct DkdvSmem {
+    using KvTile = PaddedTile<Cfg::kBlockN, Cfg::D>;       /* K, V: [key][col] */
+    using QTile = PaddedTile<Cfg::kBlockM, Cfg::D>;        /* Q, dO: [query][col] */
     using DsTile = PaddedTile<Cfg::kBlockN, Cfg::kBlockM>; /* dS^T, P^T: [key][query] */
     static constexpr int kK = 0;
     static constexpr int kV = kK + KvTile::kBytes;
@@ -172,10 +145,9 @@ template <int D> struct DkdvSmem {
 };
 
 /* Byte offsets of dq_kernel's shared memory. */
-template <int D> struct DqSmem {
-    using Cfg = BwdConfig<D>;
-    using QTile = PaddedTile<Cfg::kQBlockM, D>;  /* Q, dO: [query][col] */
-    using KvTile = PaddedTile<Cfg::kQBlockN, D>; /* K, V: [key][col] */
+template <class Cfg> struct DqSmem {
+    using QTile = PaddedTile<Cfg::kQBlockM, Cfg::D>;  /* Q, dO: [query][col] */
+    using KvTile = PaddedTile<Cfg::kQBlockN, Cfg::D>; /* K, V: [key][col] */
     static constexpr int kQ = 0;
     static constexpr int kDout = kQ + QTile::kBytes;
     static constexpr int kK = kDout + QTile::kBytes;
@@ -664,34 +636,100 @@ __global__ void __launch_bounds__(32 * kRowWarps) bwd_dq_convert_kernel(const Bw
 /* ---- 2. dK, dV (and the atomic dQ) of one key block ------------------------ */
 
 /* What one warp of dkdv_kernel owns (see the header). */
-template <int D> struct DkdvWarp {
+struct DkdvWarp {
     int lane;
-    int key_row0; /* first of its 16 keys, block-local */
+    int key_row0; /* first of its 16 kKeyTiles keys, block-local */
     int s_col0;   /* first query column of its S^T / dP^T part */
     int kv_col0;  /* first head-dim column of its dK / dV part */
     int dq_row0;  /* first of its 16 kDqMTiles query rows in the dQ product */
     int dq_col0;  /* first head-dim column of its dQ part */
 };
 
-template <int D> __device__ __forceinline__ DkdvWarp<D> make_dkdv_warp(int warp, int lane) {
-    using Cfg = BwdConfig<D>;
-    DkdvWarp<D> w;
+template <class Cfg> __device__ __forceinline__ DkdvWarp make_dkdv_warp(int warp, int lane) {
+    DkdvWarp w;
     w.lane = lane;
-    w.key_row0 = 16 * (warp / Cfg::kSplitD);
+    w.key_row0 = 16 * Cfg::kKeyTiles * (warp / Cfg::kSplitD);
     w.s_col0 = (warp % Cfg::kSplitD) * (Cfg::kBlockM / Cfg::kSplitD);
-    w.kv_col0 = (warp % Cfg::kSplitD) * (D / Cfg::kSplitD);
+    w.kv_col0 = (warp % Cfg::kSplitD) * (Cfg::D / Cfg::kSplitD);
     w.dq_row0 = 16 * Cfg::kDqMTiles * (warp % Cfg::kDqWarpsM);
     w.dq_col0 = (warp / Cfg::kDqWarpsM) * Cfg::kDqSpan;
     return w;
 }
 
+/* acc[mt] (16 x 8 NTiles) += A_mt B^T over k = 16 KSteps for MTiles m16
+ * tiles: A_mt = rows a_row0 + 16 mt.. of tile TA ([m][k]), B^T = rows
+ * b_row0.. of tile TB ([n][k]); each B fragment feeds MTiles MMAs. */
+template <typename T, class TA, class TB, int KSteps, int MTiles, int NTiles>
+__device__ __forceinline__ void mma_keys_a_bt(float (&acc)[MTiles][NTiles][4], uint32_t a_tile,
+                                              int a_row0, uint32_t b_tile, int b_row0,
+                                              int lane) {
+#pragma unroll
+    for (int ks = 0; ks < KSteps; ++ks) {
+        uint32_t a[MTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < MTiles; ++mt)
+            load_a<TA>(a[mt], a_tile, a_row0 + 16 * mt, ks * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NTiles / 2; ++np) {
+            uint32_t b[4];
+            load_b_nk<TB>(b, b_tile, b_row0 + np * 16, ks * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MTiles; ++mt) {
+                mma_16816<T>(acc[mt][2 * np], a[mt], b);
+                mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+            }
+        }
+    }
+}
+
+/* acc[mt] (16 x 8 NTiles) += A_mt B over k = 16 KSteps: A_mt fragment ks
+ * from load_frag(a, mt, ks), B = columns b_col0.. of tile TB ([k][n]). */
+template <typename T, class TB, int KSteps, int MTiles, int NTiles, class AFrags>
+__device__ __forceinline__ void mma_keys_a_b(float (&acc)[MTiles][NTiles][4],
+                                             const AFrags &load_frag, uint32_t b_tile,
+                                             int b_col0, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < KSteps; ++ks) {
+        uint32_t a[MTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < MTiles; ++mt) load_frag(a[mt], mt, ks);
+#pragma unroll
+        for (int np = 0; np < NTiles / 2; ++np) {
+            uint32_t b[4];
+            load_b_kn<TB>(b, b_tile, b_col0 + np * 16, ks * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MTiles; ++mt) {
+                mma_16816<T>(acc[mt][2 * np], a[mt], b);
+                mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+            }
+        }
+    }
+}
+
+/* A fragments of key tile mt from packed C tiles in registers (P^T, dS^T). */
+template <int MTiles, int NTiles> struct KeysRegisterA {
+    const uint32_t (&packed)[MTiles][NTiles][2];
+    __device__ __forceinline__ void operator()(uint32_t a[4], int mt, int ks) const {
+        RegisterA<NTiles>{packed[mt]}(a, ks);
+    }
+};
+
+/* A fragments of key tile mt: rows m0 + 16 mt.. of a tile stored [m][k]. */
+template <class Tile> struct KeysSharedA {
+    uint32_t tile;
+    int m0, lane;
+    __device__ __forceinline__ void operator()(uint32_t a[4], int mt, int ks) const {
+        load_a<Tile>(a, tile, m0 + 16 * mt, ks * 16, lane);
+    }
+};
+
 /* Starts the async loads of one step: Q, dO rows q0.. of head h and their
  * lse_log2, dot (zero past the sequence end) into buffer buf. */
-template <typename T, int D>
+template <typename T, class Cfg>
 __device__ __forceinline__ void load_query_step(const BwdArgs &args, const Geometry &geo,
                                                 uint32_t smem, int h, int q0, int buf, int tid) {
-    using Cfg = BwdConfig<D>;
-    using L = DkdvSmem<D>;
+    using L = DkdvSmem<Cfg>;
+    using QTile = typename L::QTile;
     constexpr int BM = Cfg::kBlockM;
     const fat_params &p = args.p;
     const int rows = geo.seq.sq - q0;
@@ -700,10 +738,10 @@ __device__ __forceinline__ void load_query_step(const BwdArgs &args, const Geome
     const T *dout = static_cast<const T *>(p.dout) +
                     geo.q_offset(p.do_batch_stride, p.do_row_stride, q0) +
                     (int64_t)h * p.do_head_stride;
-    load_padded_tile_async<BM, D, Cfg::kThreads>(smem + L::kQ + buf * L::QTile::kBytes, q,
-                                                 p.q_row_stride, rows, p.d, tid);
-    load_padded_tile_async<BM, D, Cfg::kThreads>(smem + L::kDout + buf * L::QTile::kBytes, dout,
-                                                 p.do_row_stride, rows, p.d_v, tid);
+    load_tile_async<QTile, Cfg::kThreads>(smem + L::kQ + buf * QTile::kBytes, q, p.q_row_stride,
+                                          rows, p.d, tid);
+    load_tile_async<QTile, Cfg::kThreads>(smem + L::kDout + buf * QTile::kBytes, dout,
+                                          p.do_row_stride, rows, p.d_v, tid);
     const int64_t stats = (int64_t)h * args.rows_q + geo.flat_q0 + q0;
     if (tid < 2 * BM) {
         const int i = tid % BM;
@@ -715,12 +753,12 @@ __device__ __forceinline__ void load_query_step(const BwdArgs &args, const Geome
 
 /* acc[mt] (16 x 8 NTiles each) += dS K for the query rows m0 + 16 mt.. and
  * head-dim columns col0..: A = dS from the dS^T tile, B = K. */
-template <typename T, int D, int MTiles, int NTiles>
+template <typename T, class Cfg, int MTiles, int NTiles>
 __device__ __forceinline__ void mma_dq(float (&acc)[MTiles][NTiles][4], uint32_t smem, int m0,
                                        int col0, int lane) {
-    using L = DkdvSmem<D>;
+    using L = DkdvSmem<Cfg>;
 #pragma unroll
-    for (int ks = 0; ks < BwdConfig<D>::kBlockN / 16; ++ks) {
+    for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks) {
         uint32_t a[MTiles][4];
 #pragma unroll
         for (int mt = 0; mt < MTiles; ++mt)
@@ -739,11 +777,10 @@ __device__ __forceinline__ void mma_dq(float (&acc)[MTiles][NTiles][4], uint32_t
 }
 
 /* dQ rows q0.. of head h += dS K (dS^T in shared memory), by atomicAdd. */
-template <typename T, int D>
+template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry &geo,
-                                             uint32_t smem, const DkdvWarp<D> &w, int h, int q0) {
-    using Cfg = BwdConfig<D>;
-    constexpr int MT = Cfg::kDqMTiles, NT = Cfg::kDqChunk / 8;
+                                             uint32_t smem, const DkdvWarp &w, int h, int q0) {
+    constexpr int D = Cfg::D, MT = Cfg::kDqMTiles, NT = Cfg::kDqChunk / 8;
     const int64_t row_stride = (int64_t)args.p.hq * D;
     float *dst = args.dq_accum + (geo.flat_q0 + q0 + w.dq_row0) * row_stride + (int64_t)h * D;
     const int row_limit = geo.seq.sq - q0 - w.dq_row0;
@@ -753,7 +790,7 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
         float acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) zero_c(acc[mt]);
-        mma_dq<T, D>(acc, smem, w.dq_row0, col0, w.lane);
+        mma_dq<T, Cfg>(acc, smem, w.dq_row0, col0, w.lane);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
             atomic_add_c(dst + 16 * mt * row_stride, row_stride, acc[mt], row_limit - 16 * mt,
@@ -761,73 +798,90 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
     }
 }
 
-/* P^T, dS^T of one step from S^T, dP^T (rows keys k0 + key_row0..,
- * columns queries q0 + s_col0..), packed to T. */
-template <typename T, int D>
+/* P^T, dS^T of one step from S^T, dP^T (key tile mt: rows keys k0 +
+ * key_row0 + 16 mt.., columns queries q0 + s_col0..), packed to T. */
+template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step_grads(
     const BwdArgs &args, const Geometry &geo, const float *lse_log2, const float *dot,
-    const DkdvWarp<D> &w, int k0, int q0, float (&s)[BwdConfig<D>::kSTiles][4],
-    float (&dp)[BwdConfig<D>::kSTiles][4], uint32_t (&p_packed)[BwdConfig<D>::kSTiles][2],
-    uint32_t (&ds_packed)[BwdConfig<D>::kSTiles][2]) {
-    using Cfg = BwdConfig<D>;
+    const DkdvWarp &w, int k0, int q0, float (&s)[Cfg::kKeyTiles][Cfg::kSTiles][4],
+    float (&dp)[Cfg::kKeyTiles][Cfg::kSTiles][4],
+    uint32_t (&p_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2],
+    uint32_t (&ds_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2]) {
     const GradMath m = make_grad_math(args);
-    if (args.softcap)
-        grads_by_column<true>(s, dp, lse_log2, dot, m, w.s_col0, w.lane);
-    else
-        grads_by_column<false>(s, dp, lse_log2, dot, m, w.s_col0, w.lane);
-    if (geo.tile_needs_mask(k0, Cfg::kBlockN, q0, Cfg::kBlockM))
-        zero_masked(s, dp, geo, k0 + w.key_row0, q0 + w.s_col0, true, w.lane);
-    pack_c<T>(p_packed, s);
-    pack_c<T>(ds_packed, dp);
+    const bool masked = geo.tile_needs_mask(k0, Cfg::kBlockN, q0, Cfg::kBlockM);
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kKeyTiles; ++mt) {
+        if (args.softcap)
+            grads_by_column<true>(s[mt], dp[mt], lse_log2, dot, m, w.s_col0, w.lane);
+        else
+            grads_by_column<false>(s[mt], dp[mt], lse_log2, dot, m, w.s_col0, w.lane);
+        if (masked)
+            zero_masked(s[mt], dp[mt], geo, k0 + w.key_row0 + 16 * mt, q0 + w.s_col0, true,
+                        w.lane);
+        pack_c<T>(p_packed[mt], s[mt]);
+        pack_c<T>(ds_packed[mt], dp[mt]);
+    }
 }
 
 /* One step of dkdv_kernel: query rows q0.. of head h against the key block
  * k0.. (buffer buf holds their Q, dO, lse_log2, dot). */
-template <typename T, int D>
+template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step(const BwdArgs &args, const Geometry &geo,
                                           uint32_t smem, const float *smem_f32,
-                                          const DkdvWarp<D> &w, int h, int k0, int q0, int buf,
-                                          float (&dk)[BwdConfig<D>::kKvTiles][4],
-                                          float (&dv)[BwdConfig<D>::kKvTiles][4]) {
-    using Cfg = BwdConfig<D>;
-    using L = DkdvSmem<D>;
+                                          const DkdvWarp &w, int h, int k0, int q0, int buf,
+                                          float (&dk)[Cfg::kKeyTiles][Cfg::kKvTiles][4],
+                                          float (&dv)[Cfg::kKeyTiles][Cfg::kKvTiles][4]) {
+    using L = DkdvSmem<Cfg>;
     using KvTile = typename L::KvTile;
     using QTile = typename L::QTile;
     using DsTile = typename L::DsTile;
-    constexpr int BM = Cfg::kBlockM, ST = Cfg::kSTiles;
+    constexpr int D = Cfg::D, BM = Cfg::kBlockM, ST = Cfg::kSTiles, MT = Cfg::kKeyTiles;
     const uint32_t q = smem + L::kQ + buf * QTile::kBytes;
     const uint32_t dout = smem + L::kDout + buf * QTile::kBytes;
     const bool with_dq = !args.p.deterministic;
 
-    uint32_t p_packed[ST][2], ds_packed[ST][2];
+    uint32_t p_packed[MT][ST][2], ds_packed[MT][ST][2];
     {
-        float s[ST][4], dp[ST][4];
-        zero_c(dp);
-        mma_a_bt<T, KvTile, QTile, D / 16>(dp, smem + L::kV, w.key_row0, dout, w.s_col0, w.lane);
-        zero_c(s);
-        mma_a_bt<T, KvTile, QTile, D / 16>(s, smem + L::kK, w.key_row0, q, w.s_col0, w.lane);
-        dkdv_step_grads<T, D>(args, geo, smem_f32 + L::kLse / 4 + buf * BM,
-                              smem_f32 + L::kDot / 4 + buf * BM, w, k0, q0, s, dp, p_packed,
-                              ds_packed);
+        float s[MT][ST][4], dp[MT][ST][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) zero_c(dp[mt]);
+        mma_keys_a_bt<T, KvTile, QTile, D / 16>(dp, smem + L::kV, w.key_row0, dout, w.s_col0,
+                                                w.lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) zero_c(s[mt]);
+        mma_keys_a_bt<T, KvTile, QTile, D / 16>(s, smem + L::kK, w.key_row0, q, w.s_col0,
+                                                w.lane);
+        dkdv_step_grads<T, Cfg>(args, geo, smem_f32 + L::kLse / 4 + buf * BM,
+                                smem_f32 + L::kDot / 4 + buf * BM, w, k0, q0, s, dp, p_packed,
+                                ds_packed);
     }
     if constexpr (Cfg::kSplitD == 1) {
         if (with_dq)
-            store_packed_to_smem<DsTile>(smem + L::kDs, ds_packed, w.key_row0, w.s_col0,
-                                         w.lane);
-        mma_a_b<T, QTile, BM / 16>(dv, RegisterA<ST>{p_packed}, dout, w.kv_col0, w.lane);
-        mma_a_b<T, QTile, BM / 16>(dk, RegisterA<ST>{ds_packed}, q, w.kv_col0, w.lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                store_packed_to_smem<DsTile>(smem + L::kDs, ds_packed[mt], w.key_row0 + 16 * mt,
+                                             w.s_col0, w.lane);
+        mma_keys_a_b<T, QTile, BM / 16>(dv, KeysRegisterA<MT, ST>{p_packed}, dout, w.kv_col0,
+                                        w.lane);
+        mma_keys_a_b<T, QTile, BM / 16>(dk, KeysRegisterA<MT, ST>{ds_packed}, q, w.kv_col0,
+                                        w.lane);
     } else {
-        store_packed_to_smem<DsTile>(smem + L::kP, p_packed, w.key_row0, w.s_col0, w.lane);
-        store_packed_to_smem<DsTile>(smem + L::kDs, ds_packed, w.key_row0, w.s_col0, w.lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            store_packed_to_smem<DsTile>(smem + L::kP, p_packed[mt], w.key_row0 + 16 * mt,
+                                         w.s_col0, w.lane);
+            store_packed_to_smem<DsTile>(smem + L::kDs, ds_packed[mt], w.key_row0 + 16 * mt,
+                                         w.s_col0, w.lane);
+        }
         __syncthreads(); /* the key rows' P^T, dS^T over all query columns */
-        const SharedA<DsTile> pt = {smem + L::kP, w.key_row0, w.lane};
-        const SharedA<DsTile> dst = {smem + L::kDs, w.key_row0, w.lane};
-        mma_a_b<T, QTile, BM / 16>(dv, pt, dout, w.kv_col0, w.lane);
-        mma_a_b<T, QTile, BM / 16>(dk, dst, q, w.kv_col0, w.lane);
+        const KeysSharedA<DsTile> pt = {smem + L::kP, w.key_row0, w.lane};
+        const KeysSharedA<DsTile> dst = {smem + L::kDs, w.key_row0, w.lane};
+        mma_keys_a_b<T, QTile, BM / 16>(dv, pt, dout, w.kv_col0, w.lane);
+        mma_keys_a_b<T, QTile, BM / 16>(dk, dst, q, w.kv_col0, w.lane);
     }
     if (with_dq) {
         __syncthreads(); /* dS^T of every warp */
-        dkdv_step_dq<T, D>(args, geo, smem, w, h, q0);
+        dkdv_step_dq<T, Cfg>(args, geo, smem, w, h, q0);
     }
 }
 
@@ -844,11 +898,11 @@ struct StepCursor {
 };
 
 /* One CTA per (key block, kv head, batch), key block fastest in blockIdx.x. */
-template <typename T, int D>
-__global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) dkdv_kernel(const BwdArgs args) {
-    using Cfg = BwdConfig<D>;
-    using L = DkdvSmem<D>;
-    constexpr int BN = Cfg::kBlockN, BM = Cfg::kBlockM, KT = Cfg::kKvTiles;
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) dkdv_kernel(const BwdArgs args) {
+    using L = DkdvSmem<Cfg>;
+    using KvTile = typename L::KvTile;
+    constexpr int BN = Cfg::kBlockN, BM = Cfg::kBlockM, KT = Cfg::kKvTiles, MT = Cfg::kKeyTiles;
     const fat_params &p = args.p;
     extern __shared__ __align__(16) unsigned char dkdv_smem[];
     const uint32_t smem = smem_u32(dkdv_smem);
@@ -863,14 +917,17 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) dkdv_kernel(const B
     if (k0 >= geo.seq.sk) return;
 
     const int tid = threadIdx.x;
-    const DkdvWarp<D> w = make_dkdv_warp<D>(tid / 32, tid % 32);
+    const DkdvWarp w = make_dkdv_warp<Cfg>(tid / 32, tid % 32);
     const int group = p.hq / p.hkv;
     const BlockRange blocks = query_blocks_seeing(geo, k0, BN, BM);
     const int steps = group * blocks.count;
 
-    float dk[KT][4], dv[KT][4];
-    zero_c(dk);
-    zero_c(dv);
+    float dk[MT][KT][4], dv[MT][KT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        zero_c(dk[mt]);
+        zero_c(dv[mt]);
+    }
     StepCursor cur = {hk * group, blocks.first};
     if (steps > 0) {
         const int rows = geo.seq.sk - k0;
@@ -880,18 +937,18 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) dkdv_kernel(const B
         const T *v = static_cast<const T *>(p.v) +
                      geo.k_offset(p.v_batch_stride, p.v_row_stride, k0) +
                      (int64_t)hk * p.v_head_stride;
-        load_padded_tile_async<BN, D, Cfg::kThreads>(smem + L::kK, k, p.k_row_stride, rows, p.d,
-                                                     tid);
-        load_padded_tile_async<BN, D, Cfg::kThreads>(smem + L::kV, v, p.v_row_stride, rows,
-                                                     p.d_v, tid);
-        if (Cfg::kStages == 2) load_query_step<T, D>(args, geo, smem, cur.h, cur.qb * BM, 0, tid);
+        load_tile_async<KvTile, Cfg::kThreads>(smem + L::kK, k, p.k_row_stride, rows, p.d, tid);
+        load_tile_async<KvTile, Cfg::kThreads>(smem + L::kV, v, p.v_row_stride, rows, p.d_v,
+                                               tid);
+        if (Cfg::kStages == 2)
+            load_query_step<T, Cfg>(args, geo, smem, cur.h, cur.qb * BM, 0, tid);
         cp_async_commit();
     }
 #pragma unroll 1
     for (int step = 0; step < steps; ++step) {
         if (Cfg::kStages == 1) {
             __syncthreads(); /* every warp is done with the previous step's tiles */
-            load_query_step<T, D>(args, geo, smem, cur.h, cur.qb * BM, 0, tid);
+            load_query_step<T, Cfg>(args, geo, smem, cur.h, cur.qb * BM, 0, tid);
             cp_async_commit();
         }
         cp_async_wait<0>();
@@ -899,11 +956,11 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) dkdv_kernel(const B
         StepCursor next = cur;
         next.advance(blocks);
         if (Cfg::kStages == 2 && step + 1 < steps) {
-            load_query_step<T, D>(args, geo, smem, next.h, next.qb * BM, (step + 1) % 2, tid);
+            load_query_step<T, Cfg>(args, geo, smem, next.h, next.qb * BM, (step + 1) % 2, tid);
             cp_async_commit();
         }
-        dkdv_step<T, D>(args, geo, smem, smem_f32, w, cur.h, k0, cur.qb * BM,
-                        step % Cfg::kStages, dk, dv);
+        dkdv_step<T, Cfg>(args, geo, smem, smem_f32, w, cur.h, k0, cur.qb * BM,
+                          step % Cfg::kStages, dk, dv);
         cur = next;
     }
 
@@ -912,10 +969,13 @@ __global__ void __launch_bounds__(BwdConfig<D>::kThreads, 1) dkdv_kernel(const B
     T *dv_out = static_cast<T *>(p.dv) + geo.k_offset(p.dv_batch_stride, p.dv_row_stride, k0) +
                 (int64_t)hk * p.dv_head_stride;
     const int key_limit = geo.seq.sk - k0;
-    store_c_to_global(dk_out, p.dk_row_stride, dk, w.key_row0, key_limit, w.kv_col0, p.d,
-                      args.scale, w.lane);
-    store_c_to_global(dv_out, p.dv_row_stride, dv, w.key_row0, key_limit, w.kv_col0, p.d_v, 1.f,
-                      w.lane);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        store_c_to_global(dk_out, p.dk_row_stride, dk[mt], w.key_row0 + 16 * mt, key_limit,
+                          w.kv_col0, p.d, args.scale, w.lane);
+        store_c_to_global(dv_out, p.dv_row_stride, dv[mt], w.key_row0 + 16 * mt, key_limit,
+                          w.kv_col0, p.d_v, 1.f, w.lane);
+    }
 }
 
 /* ---- 3b. deterministic dQ: one query block, key blocks in order ------------ */

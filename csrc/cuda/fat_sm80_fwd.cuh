@@ -33,7 +33,8 @@ namespace fat {
  * kBlockM = 16 kMTiles kWarps query rows; key blocks of kBlockN; Q either
  * re-read from shared memory for every key block or held in registers as A
  * fragments (kQInRegs, D / 4 registers per m16 tile). */
-template <int D_, int kWarps_, int kMTiles_, int kBlockN_, bool kQInRegs_ = false>
+template <int D_, int kWarps_, int kMTiles_, int kBlockN_, bool kQInRegs_ = false,
+          bool kExp2Fma_ = false, bool kLazyRescale_ = false>
 struct Sm80FwdTiles {
     static constexpr int D = D_;
     static constexpr int kWarps = kWarps_;
@@ -41,6 +42,14 @@ struct Sm80FwdTiles {
     static constexpr int kBlockM = 16 * kMTiles * kWarps;
     static constexpr int kBlockN = kBlockN_;
     static constexpr bool kQInRegs = kQInRegs_;
+    /* kExp2Fma: without softcap and with scale > 0, keep the scores raw and
+     * take p = exp2(s * scale_log2 - max * scale_log2), one FFMA + ex2 per
+     * element (the row max of raw scores is the max of scaled ones). */
+    static constexpr bool kExp2Fma = kExp2Fma_;
+    /* kLazyRescale: a row keeps its reference max until the new max exceeds
+     * it by more than 2^8 in p; O is rescaled only when some row of the
+     * warp moved its reference (p <= 256, exact in fp32 / bf16 range). */
+    static constexpr bool kLazyRescale = kLazyRescale_;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMinBlocksPerSm = kWarps >= 8 ? 1 : 2;
     using QTile = PaddedTile<kBlockM, D>;
@@ -182,6 +191,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const int nb_lo = max(keys.lo, 0) / BN;
     const int nb_hi = keys.hi > keys.lo ? (keys.hi + BN - 1) / BN : nb_lo;
     const int shift = seq.sk - seq.sq;
+    /* scores stay raw (scaled inside the exp) or go to the log2 domain */
+    const bool raw_scores = Cfg::kExp2Fma && args.softcap_pre == 0.f && args.scale_log2 > 0.f;
+    const float exp_scale = raw_scores ? args.scale_log2 : 1.f;
 
     uint32_t q_frag[Cfg::kQInRegs ? MT : 1][Cfg::kQInRegs ? D / 16 : 1][4];
     float o_acc[MT][NT_O][4];
@@ -257,33 +269,43 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             n0 + BN > seq.sk ||
             (args.window_right >= 0 && n0 + BN - 1 > m0 + shift + args.window_right) ||
             (args.window_left >= 0 && n0 < m0 + BM - 1 + shift - args.window_left);
-        scores_to_log2<MT, NT_S>(s, args);
+        if (!raw_scores) scores_to_log2<MT, NT_S>(s, args);
         if (need_mask)
             mask_scores<MT, NT_S>(s, m0 + warp_row0 + g, n0 + 2 * t, shift, seq.sk, args);
 
-        /* online softmax: new row max, rescale O and the running sum, P */
+        /* online softmax: new row max (the reference p is taken against),
+         * rescale O and the running sum, P */
+        float correction[MT][2];
+        bool rescale = false;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int ri = 0; ri < 2; ++ri) {
-                float mx = row_max[mt][ri];
+                const float old = row_max[mt][ri];
+                float mx = old;
 #pragma unroll
                 for (int nt = 0; nt < NT_S; ++nt)
                     mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
                 mx = quad_max(mx);
-                const float ref = mx == -INFINITY ? 0.f : mx; /* no key seen yet */
-                const float correction = fast_exp2(row_max[mt][ri] - ref);
-                row_max[mt][ri] = mx;
-                float sum = row_sum[mt][ri] * correction;
+                /* old = -inf (nothing seen yet): the difference is inf or NaN */
+                const bool keep = Cfg::kLazyRescale && (mx - old) * exp_scale <= 8.f;
+                if (!keep) row_max[mt][ri] = mx;
+                rescale |= !keep;
+                const float ref = row_max[mt][ri] == -INFINITY ? 0.f : row_max[mt][ri];
+                const float ref_scaled = ref * exp_scale;
+                correction[mt][ri] = keep ? 1.f : fast_exp2(fmaf(old, exp_scale, -ref_scaled));
+                float sum = row_sum[mt][ri] * correction[mt][ri];
+                if (!Cfg::kLazyRescale) {
 #pragma unroll
-                for (int nt = 0; nt < NT_O; ++nt) {
-                    o_acc[mt][nt][2 * ri] *= correction;
-                    o_acc[mt][nt][2 * ri + 1] *= correction;
+                    for (int nt = 0; nt < NT_O; ++nt) {
+                        o_acc[mt][nt][2 * ri] *= correction[mt][ri];
+                        o_acc[mt][nt][2 * ri + 1] *= correction[mt][ri];
+                    }
                 }
 #pragma unroll
                 for (int nt = 0; nt < NT_S; ++nt) {
-                    const float p0 = fast_exp2(s[mt][nt][2 * ri] - ref);
-                    const float p1 = fast_exp2(s[mt][nt][2 * ri + 1] - ref);
+                    const float p0 = fast_exp2(fmaf(s[mt][nt][2 * ri], exp_scale, -ref_scaled));
+                    const float p1 = fast_exp2(fmaf(s[mt][nt][2 * ri + 1], exp_scale, -ref_scaled));
                     s[mt][nt][2 * ri] = p0;
                     s[mt][nt][2 * ri + 1] = p1;
                     sum += p0 + p1;
@@ -297,6 +319,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             load_tile_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)(n0 + BN) * p.k_row_stride,
                                                   p.k_row_stride, seq.sk - n0 - BN, p.d, tid);
             cp_async_commit();
+        }
+
+        if (Cfg::kLazyRescale && __any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT_O; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] *= correction[mt][e >> 1];
         }
 
         /* O += P V, P as 2-byte A fragments (half the registers of S) */
@@ -333,7 +364,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             const float inv = sum > 0.f ? 1.f / sum : 0.f;
             const int row = warp_row0 + mt * 16 + g + ri * 8;
             if (t == 0 && m0 + row < seq.sq)
-                lse[m0 + row] = sum > 0.f ? (row_max[mt][ri] + log2f(sum)) * 0.69314718055994531f
+                lse[m0 + row] = sum > 0.f ? (row_max[mt][ri] * exp_scale + log2f(sum)) * 0.69314718055994531f
                                           : -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < NT_O; ++nt) {

@@ -54,7 +54,7 @@ namespace sm90 {
 
 /* One compiled variant: head dim D, kBlockN keys per block, kStages K/V
  * stages, and the two scheduling flags described at the top. */
-template <int D, int BN, int Stages, bool Overlap, bool PingPong> struct FwdConfig {
+template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false> struct FwdConfig {
     static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
     static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
     static_assert(!PingPong || Overlap, "ping-pong is built on the overlapped loop");
@@ -62,14 +62,14 @@ template <int D, int BN, int Stages, bool Overlap, bool PingPong> struct FwdConf
     static constexpr int kBlockM = 128; /* query rows: 64 per consumer warpgroup */
     static constexpr int kBlockN = BN;
     static constexpr int kStages = Stages;
-    static constexpr bool kOverlap = Overlap, kPingPong = PingPong;
+    static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent;
     static constexpr int kPanels = D / 64;
     static constexpr int kThreads = 384;
     static constexpr uint32_t kQPanelBytes = kBlockM * 128;
     static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
     static constexpr uint32_t kQBytes = kQPanelBytes * kPanels;
     static constexpr uint32_t kKVBytes = kKVPanelBytes * kPanels; /* one K or one V block */
-    static constexpr uint32_t kBarrierBytes = 8 * (1 + 4 * kStages) + 256 * 4; /* + pin slots */
+    static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages) + 256 * 4; /* + pin slots */
     /* + 1024: the dynamic window is aligned up by hand */
     static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
     static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
@@ -85,6 +85,9 @@ struct FwdArgs {
     int64_t lse_batch_stride, lse_head_stride;
     int sq, sk, group, d_v; /* group = hq / hkv */
     int window_left, window_right; /* after causal; -1 = unbounded */
+    /* tiles: (batch, head, query block); the persistent scheduler's order
+     * (fwd_tile_at) takes l2_heads (batch, head) pairs at a time */
+    int batch, hq, m_blocks, l2_heads, tiles;
     /* log2-domain score = x * exp_scale, x being what make_scores leaves:
      * without softcap x = q.k (exp_scale = scale * log2(e)); with softcap
      * x = tanh(q.k * tanh_scale) * softcap * log2(e) (exp_scale = 1). */
@@ -99,12 +102,13 @@ template <class C> struct FwdSmem {
     uint8_t *q;
     float *pin; /* 256 floats: pin_before_wait's slots */
     /* one per stage: TMA bytes landed (full), all 8 consumer warps done (empty) */
-    uint64_t *q_full, *k_full, *v_full, *k_empty, *v_empty;
+    uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty;
 
     __device__ explicit FwdSmem(uint8_t *raw) {
         q = (uint8_t *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
         q_full = (uint64_t *)(q + C::kQBytes + 2 * C::kStages * C::kKVBytes);
-        k_full = q_full + 1;
+        q_empty = q_full + 1; /* the epilogue is done with q (persistent: next Q may load) */
+        k_full = q_empty + 1;
         v_full = k_full + C::kStages;
         k_empty = v_full + C::kStages;
         v_empty = k_empty + C::kStages;
@@ -127,12 +131,12 @@ __device__ __forceinline__ int clamp_to(int64_t x, int lo, int hi) {
     return x < lo ? lo : (x > hi ? hi : (int)x);
 }
 
-/* The tile of this CTA: blockIdx = (query block from the last, head, batch). */
-template <class C> __device__ FwdTile fwd_tile(const FwdArgs &a) {
+/* Query block m_block of (batch b, head h). */
+template <class C> __device__ FwdTile fwd_tile(const FwdArgs &a, int b, int h, int m_block) {
     FwdTile t;
-    t.b = blockIdx.z;
-    t.h = blockIdx.y;
-    t.m0 = (gridDim.x - 1 - blockIdx.x) * C::kBlockM; /* heaviest (causal) first */
+    t.b = b;
+    t.h = h;
+    t.m0 = m_block * C::kBlockM;
     t.seq = seq_info(a.cu_seqlens_q, a.cu_seqlens_k, t.b, a.sq, a.sk);
     t.rows = t.seq.sq - t.m0 < C::kBlockM ? t.seq.sq - t.m0 : C::kBlockM;
     t.shift = t.seq.sk - t.seq.sq;
@@ -145,6 +149,22 @@ template <class C> __device__ FwdTile fwd_tile(const FwdArgs &a) {
     t.n_min = lo / C::kBlockN;
     t.n_max = (hi < lo || t.rows <= 0) ? t.n_min - 1 : hi / C::kBlockN;
     return t;
+}
+
+/* Tile number i of the launch.  Grid launch: blockIdx = (query block from
+ * the last, head, batch), heaviest (causal) first.  Persistent: CTA c runs
+ * tiles c, c + gridDim.x, ...; tiles come in groups of l2_heads (batch,
+ * head) pairs (their K/V fit in half the L2), inside a group query blocks
+ * from the last (heaviest first), the pairs of the group side by side, so
+ * CTAs running at once read the same K/V. */
+template <class C> __device__ FwdTile fwd_tile_at(const FwdArgs &a, int i) {
+    if constexpr (!C::kPersistent)
+        return fwd_tile<C>(a, blockIdx.z, blockIdx.y, gridDim.x - 1 - blockIdx.x);
+    const int pairs = a.batch * a.hq, group_tiles = a.l2_heads * a.m_blocks;
+    const int group = i / group_tiles, in_group = i - group * group_tiles;
+    const int width = min(a.l2_heads, pairs - group * a.l2_heads);
+    const int bh = group * a.l2_heads + in_group % width;
+    return fwd_tile<C>(a, bh / a.hq, bh % a.hq, a.m_blocks - 1 - in_group / width);
 }
 
 /* True when some valid row of the tile does not see every key of block n. */
@@ -189,13 +209,18 @@ __device__ __forceinline__ void tma_load_kv(uint8_t *dst, const CUtensorMap *map
 /* One thread: Q, K_0, then K_{j+1} before V_j, in the order the consumers
  * use them.  K and V have their own empty barriers: a K stage is free once
  * S = Q K^T finished, long before P V is done with the V of the same block. */
-template <class C> __device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm) {
+/* it0: loads of the ring before this tile (persistent CTAs run on).  Q is
+ * loaded even when the tile sees no key: the consumers always wait for it. */
+template <class C>
+__device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int it0) {
     const int batch = a.cu_seqlens_q ? 0 : t.b;
     const int kv_head = t.h / a.group;
     tma_load_block<C>(sm.q, C::kQPanelBytes, &a.q_map, (int)(t.seq.q_start + t.m0), t.h, batch, sm.q_full);
+    if (t.n_min > t.n_max) return;
     auto row_of = [&](int n) { return (int)(t.seq.k_start + (int64_t)n * C::kBlockN); };
-    tma_load_kv<C>(sm.k(0), &a.k_map, &sm.k_empty[0], &sm.k_full[0], 0, row_of(t.n_min), kv_head, batch);
-    for (int n = t.n_min, it = 0; n <= t.n_max; ++n, ++it) {
+    const int s0 = it0 % C::kStages;
+    tma_load_kv<C>(sm.k(s0), &a.k_map, &sm.k_empty[s0], &sm.k_full[s0], it0, row_of(t.n_min), kv_head, batch);
+    for (int n = t.n_min, it = it0; n <= t.n_max; ++n, ++it) {
         if (n < t.n_max) {
             const int s = (it + 1) % C::kStages;
             tma_load_kv<C>(sm.k(s), &a.k_map, &sm.k_empty[s], &sm.k_full[s], it + 1, row_of(n + 1), kv_head,
@@ -377,10 +402,10 @@ __device__ __forceinline__ void pin_before_wait(float *pin, const Lane &ln, cons
 /* v1: each block's GEMMs and softmax in sequence. */
 template <typename T, class C>
 __device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
-                                const FwdSmem<C> &sm, const Lane &ln) {
+                                const FwdSmem<C> &sm, const Lane &ln, int it0) {
     constexpr int BN = C::kBlockN;
     const uint32_t q_addr = smem_u32(sm.q) + ln.wg * 64 * 128;
-    for (int n = t.n_min, it = 0; n <= t.n_max; ++n, ++it) {
+    for (int n = t.n_min, it = it0; n <= t.n_max; ++n, ++it) {
         const int s = it % C::kStages;
         const uint32_t parity = (uint32_t)(it / C::kStages) & 1;
         float sc[BN / 2], alpha[2];
@@ -408,25 +433,26 @@ __device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const Fwd
  * release V_j and convert P_{j+1}. */
 template <typename T, class C>
 __device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
-                                 const FwdSmem<C> &sm, const Lane &ln) {
+                                 const FwdSmem<C> &sm, const Lane &ln, int it0) {
     constexpr int BN = C::kBlockN;
     constexpr bool kPingPong = C::kPingPong;
     const uint32_t q_addr = smem_u32(sm.q) + ln.wg * 64 * 128;
     float sc[BN / 2], alpha[2];
     uint32_t p[BN / 16][4];
 
+    const int s0 = it0 % C::kStages;
     if (kPingPong && ln.wg == 1) turn_pass(ln); /* warpgroup 0 issues first */
-    mbar_wait(&sm.k_full[0], 0);
+    mbar_wait(&sm.k_full[s0], (uint32_t)(it0 / C::kStages) & 1);
     if (kPingPong) turn_wait(ln);
-    issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(0)));
+    issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(s0)));
     if (kPingPong) turn_pass(ln);
     wgmma_wait<0>();
     reg_fence(sc);
-    release_stage(&sm.k_empty[0], ln);
+    release_stage(&sm.k_empty[s0], ln);
     scores_softmax<C>(sc, alpha, st, a, t, ln, t.n_min); /* alpha = 0: o is still zero */
     pack_p<T, BN>(p, sc);
 
-    int it = 0; /* the block whose P is in p */
+    int it = it0; /* the ring load whose P is in p */
     for (int n = t.n_min + 1; n <= t.n_max; ++n, ++it) {
         const int cur = it % C::kStages, next = (it + 1) % C::kStages;
         const uint32_t cur_parity = (uint32_t)(it / C::kStages) & 1;
@@ -518,8 +544,11 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
         }
 }
 
+/* One tile: tile_no = tiles this CTA ran before (q_full's phase), it0 = ring
+ * loads before it.  Ends by releasing q to the producer. */
 template <typename T, class C>
-__device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int wg) {
+__device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int wg, int tile_no,
+                            int it0) {
     Lane ln;
     ln.wg = wg;
     ln.tid = threadIdx.x % 128;
@@ -531,14 +560,19 @@ __device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
     for (int i = 0; i < C::kD / 2; ++i) st.o[i] = 0.f;
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.f;
+    mbar_wait(sm.q_full, (uint32_t)tile_no & 1);
     if (t.n_min <= t.n_max) {
-        mbar_wait(sm.q_full, 0);
         if constexpr (C::kOverlap)
-            mainloop_overlap<T, C>(st, a, t, sm, ln);
+            mainloop_overlap<T, C>(st, a, t, sm, ln, it0);
         else
-            mainloop_serial<T, C>(st, a, t, sm, ln);
+            mainloop_serial<T, C>(st, a, t, sm, ln, it0);
     }
     fwd_store<T, C>(st, a, t, sm, ln);
+    if constexpr (C::kPersistent) {
+        /* generic-proxy reads/writes of q before the next Q's TMA write */
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+        release_stage(sm.q_empty, ln);
+    }
 }
 
 /* ---- kernel ---------------------------------------------------------------------------- */
@@ -550,10 +584,9 @@ __global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ Fwd
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem_raw[];
     const FwdSmem<C> sm(smem_raw);
-    const FwdTile t = fwd_tile<C>(a);
-    if (t.rows <= 0) return; /* varlen: this block lies past its sequence */
     if (threadIdx.x == 0) {
         cuda::ptx::mbarrier_init(sm.q_full, 1);
+        cuda::ptx::mbarrier_init(sm.q_empty, 8);
         for (int s = 0; s < C::kStages; ++s) {
             cuda::ptx::mbarrier_init(&sm.k_full[s], 1);
             cuda::ptx::mbarrier_init(&sm.v_full[s], 1);
@@ -564,12 +597,29 @@ __global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ Fwd
     }
     __syncthreads();
     const int wg = threadIdx.x / 128;
+    /* tile_no counts this CTA's tiles with rows, it the ring's loads */
+    const int first = C::kPersistent ? blockIdx.x : 0, step = C::kPersistent ? gridDim.x : 1;
+    const int end = C::kPersistent ? a.tiles : 1;
     if (wg == 0) {
         regs_release<24>();
-        if (threadIdx.x == 0 && t.n_min <= t.n_max) fwd_produce<C>(a, t, sm);
+        if (threadIdx.x != 0) return;
+        for (int i = first, tile_no = 0, it = 0; i < end; i += step) {
+            const FwdTile t = fwd_tile_at<C>(a, i);
+            if (t.rows <= 0) continue; /* varlen: this block lies past its sequence */
+            if (tile_no > 0) mbar_wait(sm.q_empty, (uint32_t)(tile_no - 1) & 1);
+            fwd_produce<C>(a, t, sm, it);
+            ++tile_no;
+            it += t.n_max >= t.n_min ? t.n_max - t.n_min + 1 : 0;
+        }
     } else {
         regs_claim<240>();
-        fwd_consume<T, C>(a, t, sm, wg - 1);
+        for (int i = first, tile_no = 0, it = 0; i < end; i += step) {
+            const FwdTile t = fwd_tile_at<C>(a, i);
+            if (t.rows <= 0) continue;
+            fwd_consume<T, C>(a, t, sm, wg - 1, tile_no, it);
+            ++tile_no;
+            it += t.n_max >= t.n_min ? t.n_max - t.n_min + 1 : 0;
+        }
     }
 #endif
 }
@@ -645,6 +695,19 @@ template <typename T, class C> bool make_fwd_args(const fat_params &p, FwdArgs *
     a->group = p.hq / p.hkv;
     a->d_v = p.d_v;
     fat_effective_window(&p, &a->window_left, &a->window_right);
+    a->batch = p.b;
+    a->hq = p.hq;
+    a->m_blocks = (p.sq + C::kBlockM - 1) / C::kBlockM;
+    const int64_t tiles = (int64_t)a->m_blocks * p.b * p.hq;
+    if (tiles > INT32_MAX) return false;
+    a->tiles = (int)tiles;
+    /* (batch, head) pairs whose K and V fill half the L2 (50 MB on H100/H200) */
+    int device = 0, l2_bytes = 50 << 20;
+    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
+    const int64_t kv_bytes = (int64_t)(p.sk > 0 ? p.sk : 1) * (p.d + p.d_v) * 2;
+    int64_t l2_heads = (l2_bytes / 2) / kv_bytes;
+    l2_heads = l2_heads < 1 ? 1 : (l2_heads > (int64_t)p.b * p.hq ? (int64_t)p.b * p.hq : l2_heads);
+    a->l2_heads = (int)l2_heads;
     const double log2e = 1.4426950408889634;
     if (p.softcap > 0) {
         a->exp_scale = 1.f;
@@ -658,14 +721,22 @@ template <typename T, class C> bool make_fwd_args(const fat_params &p, FwdArgs *
     return true;
 }
 
-/* Launches one variant with prepared arguments. */
-template <typename T, class C>
-fat_status launch_fwd_args(const FwdArgs &a, int b, int hq, int sq, cudaStream_t stream) {
+/* Launches one variant with prepared arguments: one CTA per tile, or
+ * (persistent) one per SM, each running tiles until all are done. */
+template <typename T, class C> fat_status launch_fwd_args(const FwdArgs &a, cudaStream_t stream) {
     auto kernel = fwd_kernel<T, C>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes) !=
         cudaSuccess)
         return FAT_ERR_CUDA;
-    const dim3 grid((sq + C::kBlockM - 1) / C::kBlockM, hq, b);
+    dim3 grid(a.m_blocks, a.hq, a.batch);
+    if constexpr (C::kPersistent) {
+        int device = 0, sms = 0;
+        if (cudaGetDevice(&device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+            return FAT_ERR_CUDA;
+        grid = dim3(a.tiles < sms ? a.tiles : sms);
+    }
+    if (a.tiles == 0) return FAT_OK;
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
     return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;
 }
@@ -676,7 +747,7 @@ fat_status launch_fwd_args(const FwdArgs &a, int b, int hq, int sq, cudaStream_t
 template <typename T, class C> fat_status launch_fwd(const fat_params &p, cudaStream_t stream) {
     FwdArgs a;
     if (p.hq > 65535 || p.b > 65535 || !make_fwd_args<T, C>(p, &a)) return FAT_ERR_UNSUPPORTED;
-    return launch_fwd_args<T, C>(a, p.b, p.hq, p.sq, stream);
+    return launch_fwd_args<T, C>(a, stream);
 }
 
 /* The variants sm90_fwd runs (predictions and measurements: benchmarks/NOTES.md).
