@@ -14,16 +14,7 @@
 #include <vector>
 
 #include "cuda/fat_sm80_fwd.cuh"
-
-using bf16 = __nv_bfloat16;
-
-__global__ void fill_random(bf16 *x, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += gridDim.x * (size_t)blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-        x[i] = __float2bfloat16(((h & 0xffff) / 65536.0f - 0.5f) * 3.0f);
-    }
-}
+#include "dev_bench.cuh"
 
 struct Problem {
     int b, s, h, d;
@@ -45,37 +36,11 @@ fat_params params_of(const Problem &pr, int causal) {
     return p;
 }
 
-typedef fat_status (*launch_fn)(const fat_params &, cudaStream_t);
-struct Variant { const char *name; int d; launch_fn fn; };
 
 template <class Cfg> Variant variant(const char *name) {
     return {name, Cfg::D, fat::sm80_fwd_tiles<bf16, Cfg>};
 }
 
-float time_ms(launch_fn fn, const fat_params &p) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a); cudaEventCreate(&b);
-    for (int i = 0; i < 3; ++i) fn(p, 0);
-    std::vector<float> ms;
-    for (int i = 0; i < 10; ++i) {
-        cudaEventRecord(a);
-        fn(p, 0);
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-        float t; cudaEventElapsedTime(&t, a, b); ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-}
-
-float max_diff(const bf16 *x, const bf16 *y, size_t n) {
-    std::vector<bf16> hx(n), hy(n);
-    cudaMemcpy(hx.data(), x, n * 2, cudaMemcpyDeviceToHost);
-    cudaMemcpy(hy.data(), y, n * 2, cudaMemcpyDeviceToHost);
-    float m = 0;
-    for (size_t i = 0; i < n; ++i) m = fmaxf(m, fabsf(__bfloat162float(hx[i]) - __bfloat162float(hy[i])));
-    return m;
-}
 
 /* usage: sm80_fwd_bench [head_dim seqlen]  (default: the whole grid) */
 int main(int argc, char **argv) {
@@ -88,21 +53,32 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<128, 8, 1, 64, true>>("d128 w8 mt1 n64 qreg"),
         variant<Sm80FwdTiles<128, 8, 1, 32, true>>("d128 w8 mt1 n32 qreg"),
         variant<Sm80FwdTiles<128, 4, 1, 64, true>>("d128 w4 mt1 n64 qreg"),
-        variant<Sm80FwdTiles<128, 4, 2, 32, false, true>>("d128 w4 mt2 n32 exp2"),
-        variant<Sm80FwdTiles<128, 4, 2, 32, false, true, true>>("d128 w4 mt2 n32 exp2 lazy"),
-        variant<Sm80FwdTiles<128, 4, 2, 64, false, true>>("d128 w4 mt2 n64 exp2"),
-        variant<Sm80FwdTiles<128, 4, 2, 64, false, true, true>>("d128 w4 mt2 n64 exp2 lazy"),
+        variant<Sm80FwdTiles<128, 4, 2, 32, false, kFwdExp2Fma>>("d128 w4 mt2 n32 exp2"),
+        variant<Sm80FwdTiles<128, 4, 2, 32, false, kFwdExp2Fma | kFwdLazyRescale>>("d128 w4 mt2 n32 exp2 lazy"),
+        variant<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma>>("d128 w4 mt2 n64 exp2"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma>>("d128 w4 mt2 n48 exp2"),
+        variant<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma | kFwdSplitSoftcap>>("d128 w4 mt2 n64 exp2 split"),
+        variant<Sm80FwdTiles<128, 4, 2, 32, false, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap>>("d128 w4 mt2 n32 exp2 lazy split"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale>>("d128 w4 mt2 n48 exp2 lazy"),
+        variant<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d128 w4 mt2 n64 exp2 lazy halfs"),
+        variant<Sm80FwdTiles<128, 4, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d128 w4 mt1 n64 qreg exp2 lazy split 3cta"),
+        variant<Sm80FwdTiles<128, 4, 1, 32, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d128 w4 mt1 n32 qreg exp2 lazy split 3cta"),
         variant<Sm80FwdTiles<64, 4, 2, 64>>("d64 w4 mt2 n64"),
         variant<Sm80FwdTiles<64, 4, 2, 128>>("d64 w4 mt2 n128"),
         variant<Sm80FwdTiles<64, 8, 1, 64, true>>("d64 w8 mt1 n64 qreg"),
         variant<Sm80FwdTiles<64, 8, 1, 128, true>>("d64 w8 mt1 n128 qreg"),
-        variant<Sm80FwdTiles<64, 4, 2, 64, false, true>>("d64 w4 mt2 n64 exp2"),
-        variant<Sm80FwdTiles<64, 4, 2, 64, false, true, true>>("d64 w4 mt2 n64 exp2 lazy"),
-        variant<Sm80FwdTiles<64, 4, 2, 128, false, true, true>>("d64 w4 mt2 n128 exp2 lazy"),
+        variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma>>("d64 w4 mt2 n64 exp2"),
+        variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale>>("d64 w4 mt2 n64 exp2 lazy"),
+        variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale>>("d64 w4 mt2 n128 exp2 lazy"),
+        variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale>>("d64 w4 mt2 n96 exp2 lazy"),
+        variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap>>("d64 w4 mt2 n64 exp2 lazy split"),
+        variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap>>("d64 w4 mt2 n128 exp2 lazy split"),
+        variant<Sm80FwdTiles<64, 4, 2, 32, false, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d64 w4 mt2 n32 exp2 lazy split 3cta"),
+        variant<Sm80FwdTiles<64, 8, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d64 w8 mt1 n64 qreg exp2 lazy split 2cta"),
     };
     const int tokens = 16384, hidden = 2048;
     const int seqlens[] = {1024, 4096, 16384};
-    printf("%-24s %6s %6s %9s %8s %10s\n", "variant", "seqlen", "causal", "ms", "TFLOPS", "maxdiff");
+    printf("%-44s %6s %6s %9s %8s %10s\n", "variant", "seqlen", "causal", "ms", "TFLOPS", "maxdiff");
     for (int d : {128, 64}) {
         for (int s : seqlens) {
             if (only_d && (d != only_d || s != only_s)) continue;
@@ -123,10 +99,10 @@ int main(int argc, char **argv) {
                     cudaDeviceSynchronize();
                     float diff = 0;
                     if (!have_first) { cudaMemcpy(first, pr.o, n * 2, cudaMemcpyDeviceToDevice); have_first = true; }
-                    else diff = max_diff(first, pr.o, n);
+                    else diff = max_diff(to_host(first, n), to_host(pr.o, n));
                     const float ms = time_ms(v.fn, p);
                     const double flops = 4.0 * pr.b * pr.h * (double)s * s * d / (causal ? 2 : 1);
-                    printf("%-24s %6d %6d %9.3f %8.1f %10.2e\n", v.name, s, causal, ms, flops / ms / 1e9, diff);
+                    printf("%-44s %6d %6d %9.3f %8.1f %10.2e\n", v.name, s, causal, ms, flops / ms / 1e9, diff);
                 }
             }
             cudaFree(pr.q); cudaFree(pr.k); cudaFree(pr.v); cudaFree(pr.o); cudaFree(pr.lse); cudaFree(first);

@@ -6,9 +6,9 @@
  * cudaEvent timings (warm-up, median of 10) of the D = 128 bf16 case with
  * batch * seqlen = 16k tokens and 16 heads of 128, in TFLOPS
  * (4 * B * H * Sq * Sk * D, halved for causal), for each kernel variant
- * of Variant below at D = 128, then sm90_fwd's default at D = 64 and 256.
+ * of variants_128, variants_64 and variants_256 below.
  * Correctness: sm90_fwd itself on the full case list (fp16 and bf16), every
- * timed variant on the short list.
+ * timed variant on the short list (which has more tiles than SMs).
  *
  * build: nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
  *            dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_check
@@ -40,14 +40,25 @@
         }                                                                                       \
     } while (0)
 
-/* The variants the check and the timing table cover at D = 128 (at D = 64
- * and 256 only the default).  Names as printed. */
-enum Variant { SERIAL, OVERLAP, PINGPONG, PINGPONG_3STAGE, OVERLAP_N176, PINGPONG_N176, DEFAULT };
-static const char *variant_name[] = {"serial (v1)",         "overlap",          "overlap+pingpong",
-                                     "pingpong 3 stages",   "overlap n176",     "pingpong n176",
-                                     "default (sm90_fwd)"};
-static const Variant timed_variants[] = {SERIAL, OVERLAP, PINGPONG, PINGPONG_3STAGE, OVERLAP_N176,
-                                         PINGPONG_N176};
+/* The variants the check and the timing table cover (configs: VariantConfig
+ * below).  "wide" is BN176 at D = 128, BN192 at D = 64 (none at D = 256);
+ * "persistent": one CTA per SM running tiles in fwd_tile_at's order. */
+enum Variant { SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST, DEFAULT };
+static const char *variant_names[] = {"serial (v1)",         "overlap",          "overlap+pingpong",
+                                      "pingpong wide",       "overlap persistent", "pingpong persistent",
+                                      "pingpong wide persistent", "default (sm90_fwd)"};
+static const char *variant_name(Variant v, int d) {
+    if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
+    if (v == WIDE_PERSIST) return d == 128 ? "pingpong n176 persistent" : "pingpong n192 persistent";
+    return variant_names[v];
+}
+/* Timed (and checked) per head dim; DEFAULT is checked on the full list. */
+static const std::vector<Variant> variants_128 = {SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST,
+                                                  WIDE_PERSIST, DEFAULT};
+static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST,
+                                                 WIDE_PERSIST};
+/* D = 256 overlap persistent spills 20 bytes (ptxas): left out */
+static const std::vector<Variant> variants_256 = {OVERLAP, PINGPONG, PINGPONG_PERSIST};
 
 struct Case {
     int b, hq, hkv, sq, sk, d, dv;
@@ -206,18 +217,19 @@ static void free_problem(Problem &pr) {
     if (pr.cu_k_dev) cudaFree(pr.cu_k_dev);
 }
 
-/* Config of a variant at head dim D; DEFAULT maps to what sm90_fwd picks
- * for a problem without causal/window edges. */
-template <int D, Variant V> struct VariantConfig {
-    using C = fat::sm90::FwdDefault<D>;
-};
+/* Config of a variant at head dim D (BN and stages of sm90::FwdBase unless wide). */
+using fat::sm90::FwdBase;
 using fat::sm90::FwdConfig;
-template <> struct VariantConfig<128, SERIAL> { using C = FwdConfig<128, 128, 2, false, false>; };
-template <> struct VariantConfig<128, OVERLAP> { using C = FwdConfig<128, 128, 2, true, false>; };
-template <> struct VariantConfig<128, PINGPONG> { using C = FwdConfig<128, 128, 2, true, true>; };
-template <> struct VariantConfig<128, PINGPONG_3STAGE> { using C = FwdConfig<128, 128, 3, true, true>; };
-template <> struct VariantConfig<128, OVERLAP_N176> { using C = FwdConfig<128, 176, 2, true, false>; };
-template <> struct VariantConfig<128, PINGPONG_N176> { using C = FwdConfig<128, 176, 2, true, true>; };
+template <int D, Variant V> struct VariantConfig;
+template <int D> struct VariantConfig<D, SERIAL> { using C = FwdConfig<D, 128, 2, false, false>; };
+template <int D> struct VariantConfig<D, OVERLAP> { using C = FwdBase<D, false>; };
+template <int D> struct VariantConfig<D, PINGPONG> { using C = FwdBase<D, true>; };
+template <int D> struct VariantConfig<D, OVERLAP_PERSIST> { using C = FwdBase<D, false, true>; };
+template <int D> struct VariantConfig<D, PINGPONG_PERSIST> { using C = FwdBase<D, true, true>; };
+template <int D> struct VariantConfig<D, WIDE> { using C = FwdConfig<D, D == 128 ? 176 : 192, D == 64 ? 3 : 2, true, true>; };
+template <int D> struct VariantConfig<D, WIDE_PERSIST> {
+    using C = FwdConfig<D, D == 128 ? 176 : 192, D == 64 ? 3 : 2, true, true, true>;
+};
 
 /* Launches prepared arguments (args made for variant v's config): the timed
  * loop leaves tensor-map encoding out. */
@@ -226,7 +238,7 @@ template <typename T, int D, Variant V> static fat_status launch_prepared(const 
     using C = typename VariantConfig<D, V>::C;
     fat::sm90::FwdArgs a;
     if (!fat::sm90::make_fwd_args<T, C>(p, &a)) return FAT_ERR_UNSUPPORTED;
-    fat_status st = fat::sm90::launch_fwd_args<T, C>(a, p.b, p.hq, p.sq, 0);
+    fat_status st = fat::sm90::launch_fwd_args<T, C>(a, 0);
     if (st != FAT_OK || !time_it) return st;
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
@@ -234,9 +246,9 @@ template <typename T, int D, Variant V> static fat_status launch_prepared(const 
     std::vector<float> ms(10);
     for (int r = 0; r < 10; ++r) {
         /* an untimed launch first keeps the GPU busy while the timed one is queued */
-        fat::sm90::launch_fwd_args<T, C>(a, p.b, p.hq, p.sq, 0);
+        fat::sm90::launch_fwd_args<T, C>(a, 0);
         CUDA_CHECK(cudaEventRecord(start));
-        fat::sm90::launch_fwd_args<T, C>(a, p.b, p.hq, p.sq, 0);
+        fat::sm90::launch_fwd_args<T, C>(a, 0);
         CUDA_CHECK(cudaEventRecord(stop));
         CUDA_CHECK(cudaEventSynchronize(stop));
         CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
@@ -249,20 +261,51 @@ template <typename T, int D, Variant V> static fat_status launch_prepared(const 
     return FAT_OK;
 }
 
-/* Runs (time_it = false) or times variant v; DEFAULT goes through sm90_fwd
- * itself when not timed. */
+/* sm90_fwd itself, timed like launch_prepared (tensor-map encoding included). */
+template <typename T, int D> static fat_status time_default(const fat_params &p, float *ms_out) {
+    fat_status st = fat::sm90_fwd<T, D>(p, 0);
+    if (st != FAT_OK) return st;
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    std::vector<float> ms(10);
+    for (int r = 0; r < 10; ++r) {
+        fat::sm90_fwd<T, D>(p, 0);
+        CUDA_CHECK(cudaEventRecord(start));
+        fat::sm90_fwd<T, D>(p, 0);
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[r], start, stop));
+    }
+    std::sort(ms.begin(), ms.end());
+    *ms_out = 0.5f * (ms[4] + ms[5]);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return FAT_OK;
+}
+
+/* Runs (time_it = false) or times variant v at head dim D (only the
+ * variants of variants_D are compiled there). */
 template <typename T, int D> static fat_status run_variant(Variant v, const fat_params &p, bool time_it,
                                                            float *ms) {
-    if (D != 128 && v != DEFAULT) return FAT_ERR_UNSUPPORTED;
     switch (v) {
-    case SERIAL: return launch_prepared<T, D, SERIAL>(p, time_it, ms);
     case OVERLAP: return launch_prepared<T, D, OVERLAP>(p, time_it, ms);
     case PINGPONG: return launch_prepared<T, D, PINGPONG>(p, time_it, ms);
-    case PINGPONG_3STAGE: return launch_prepared<T, D, PINGPONG_3STAGE>(p, time_it, ms);
-    case OVERLAP_N176: return launch_prepared<T, D, OVERLAP_N176>(p, time_it, ms);
-    case PINGPONG_N176: return launch_prepared<T, D, PINGPONG_N176>(p, time_it, ms);
-    default: return time_it ? launch_prepared<T, D, DEFAULT>(p, time_it, ms) : fat::sm90_fwd<T, D>(p, 0);
+    case DEFAULT: return time_it ? time_default<T, D>(p, ms) : fat::sm90_fwd<T, D>(p, 0);
+    default: break;
     }
+    if constexpr (D == 128) {
+        if (v == SERIAL) return launch_prepared<T, D, SERIAL>(p, time_it, ms);
+    }
+    if constexpr (D != 256) {
+        if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);
+        if (v == WIDE) return launch_prepared<T, D, WIDE>(p, time_it, ms);
+        if (v == WIDE_PERSIST) return launch_prepared<T, D, WIDE_PERSIST>(p, time_it, ms);
+    }
+    if constexpr (D != 128) {
+        if (v == PINGPONG_PERSIST) return launch_prepared<T, D, PINGPONG_PERSIST>(p, time_it, ms);
+    }
+    return FAT_ERR_UNSUPPORTED;
 }
 
 /* ---- comparison ----------------------------------------------------------------------- */
@@ -358,7 +401,7 @@ template <typename T, int D> static bool check_case(const Case &c, Variant v, ui
     const fat_params &p = pr.p;
     printf("%-5s D=%d %-17s b=%d hq=%d hkv=%d sq=%d sk=%d d=%d dv=%d causal=%d window=(%d,%d) "
            "softcap=%g varlen=%d\n",
-           fat::sm90::kIsHalf<T> ? "fp16" : "bf16", D, variant_name[v], c.b, c.hq, c.hkv, c.sq, c.sk, c.d,
+           fat::sm90::kIsHalf<T> ? "fp16" : "bf16", D, variant_name(v, D), c.b, c.hq, c.hkv, c.sq, c.sk, c.d,
            c.dv, c.causal, c.wl, c.wr, c.softcap, c.varlen);
     float *o_ref, *lse_ref;
     CUDA_CHECK(cudaMalloc(&o_ref, std::max<int64_t>(pr.rows_q * c.hq * c.dv, 1) * sizeof(float)));
@@ -415,6 +458,10 @@ static std::vector<Case> cases_small(int d) {
     cs.push_back({2, 4, 4, 1000, 17, d, d, 1, -1, -1, 0.f, 0});
     cs.push_back({2, 8, 2, 300, 700, d, d, 1, 64, -1, 3.f, 0});
     cs.push_back({4, 4, 2, 700, 900, d, d, 1, -1, -1, 0.f, 1});
+    /* more tiles than SMs (persistent CTAs run several), some without keys */
+    cs.push_back({4, 16, 4, 1000, 300, d, d, 1, -1, -1, 0.f, 0});
+    cs.push_back({6, 12, 4, 1100, 1300, d, d, 1, -1, -1, 0.f, 1});
+    cs.push_back({3, 16, 8, 1500, 1500, d, d, 0, -1, -1, 0.f, 0});
     return cs;
 }
 
@@ -431,7 +478,7 @@ template <typename T, int D> static void check_list(const std::vector<Case> &cs,
 /* ---- timing ------------------------------------------------------------------------------- */
 
 template <int D> static void bench(Variant v) {
-    printf("\n%s, bf16, D=%d, 16 heads, batch * seqlen = 16384\n", variant_name[v], D);
+    printf("\n%s, bf16, D=%d, 16 heads, batch * seqlen = 16384\n", variant_name(v, D), D);
     printf("  %-6s %-7s %10s %9s\n", "seqlen", "causal", "ms", "TFLOPS");
     for (int causal = 0; causal < 2; ++causal)
         for (int s = 1024; s <= 16384; s *= 2) {
@@ -462,17 +509,20 @@ int main(int argc, char **argv) {
     /* sm90_fwd itself (wide blocks where no edge, else the default) on every case */
     check_list<__nv_bfloat16, 128>(cases_main(128), DEFAULT);
     check_list<__half, 128>(cases_main(128), DEFAULT);
-    for (Variant v : timed_variants) check_list<__nv_bfloat16, 128>(cases_small(128), v);
-    check_list<__half, 128>(cases_small(128), PINGPONG_N176);
+    for (Variant v : variants_128)
+        if (v != DEFAULT) check_list<__nv_bfloat16, 128>(cases_small(128), v);
+    check_list<__half, 128>(cases_small(128), WIDE_PERSIST);
     check_list<__nv_bfloat16, 64>(cases_small(64), DEFAULT);
     check_list<__half, 64>(cases_small(64), DEFAULT);
+    for (Variant v : variants_64) check_list<__nv_bfloat16, 64>(cases_small(64), v);
     check_list<__nv_bfloat16, 256>(cases_small(256), DEFAULT);
     check_list<__half, 256>(cases_small(256), DEFAULT);
+    for (Variant v : variants_256) check_list<__nv_bfloat16, 256>(cases_small(256), v);
     printf("\ncorrectness: %d passed, %d failed\n", total - failures, failures);
     if (!check_only) {
-        for (Variant v : timed_variants) bench<128>(v);
-        bench<64>(DEFAULT);
-        bench<256>(DEFAULT);
+        for (Variant v : variants_128) bench<128>(v);
+        for (Variant v : variants_64) bench<64>(v);
+        for (Variant v : variants_256) bench<256>(v);
     }
     return failures == 0 ? 0 : 1;
 }

@@ -4,6 +4,8 @@
 #   TESTS="pytest args"     e.g. TESTS="-k cuda tests"   (GPU test suite)
 #   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone)
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
+#   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
+#   SEGV_DIAG=1             dev/segv_diag/diag.py (the ValueError crash)
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
@@ -44,7 +46,15 @@ if [ -n "${SM80_FWD_BENCH:-}" ]; then
     dev/sm80_fwd_bench.cu csrc/fat_common.c -o /tmp/sm80_fwd_bench &&
     TAIL=70 step sm80_fwd_bench timeout 120 /tmp/sm80_fwd_bench
 fi
+if [ -n "${SM80_BWD_BENCH:-}" ]; then
+  step sm80_bwd_bench_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
+    dev/sm80_bwd_bench.cu csrc/fat_common.c -o /tmp/sm80_bwd_bench &&
+    TAIL=70 step sm80_bwd_bench timeout 120 /tmp/sm80_bwd_bench
+fi
 step build python3 -m pip install --no-build-isolation -e . -v || exit 1
+if [ -n "${SEGV_DIAG:-}" ]; then
+  TAIL=40 step segv_diag timeout 200 python3 dev/segv_diag/diag.py
+fi
 NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 if [ -n "${NCU:-}" ]; then
   [ -x /tmp/sm80_fwd_bench ] && TAIL=3 step ncu_fwd ncu --clock-control none $NCU_SECTIONS \

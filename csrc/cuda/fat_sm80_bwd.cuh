@@ -738,10 +738,11 @@ __device__ __forceinline__ void load_query_step(const BwdArgs &args, const Geome
     const T *dout = static_cast<const T *>(p.dout) +
                     geo.q_offset(p.do_batch_stride, p.do_row_stride, q0) +
                     (int64_t)h * p.do_head_stride;
-    load_tile_async<QTile, Cfg::kThreads>(smem + L::kQ + buf * QTile::kBytes, q, p.q_row_stride,
-                                          rows, p.d, tid);
-    load_tile_async<QTile, Cfg::kThreads>(smem + L::kDout + buf * QTile::kBytes, dout,
-                                          p.do_row_stride, rows, p.d_v, tid);
+    const uint32_t q_tile = smem + L::kQ + buf * QTile::kBytes;
+    const uint32_t dout_tile = smem + L::kDout + buf * QTile::kBytes;
+    load_tile_async<QTile, Cfg::kThreads, true>(q_tile, q, p.q_row_stride, rows, p.d, tid);
+    load_tile_async<QTile, Cfg::kThreads, true>(dout_tile, dout, p.do_row_stride, rows, p.d_v,
+                                                tid);
     const int64_t stats = (int64_t)h * args.rows_q + geo.flat_q0 + q0;
     if (tid < 2 * BM) {
         const int i = tid % BM;
@@ -937,9 +938,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dkdv_kernel(const BwdArgs ar
         const T *v = static_cast<const T *>(p.v) +
                      geo.k_offset(p.v_batch_stride, p.v_row_stride, k0) +
                      (int64_t)hk * p.v_head_stride;
-        load_tile_async<KvTile, Cfg::kThreads>(smem + L::kK, k, p.k_row_stride, rows, p.d, tid);
-        load_tile_async<KvTile, Cfg::kThreads>(smem + L::kV, v, p.v_row_stride, rows, p.d_v,
-                                               tid);
+        load_tile_async<KvTile, Cfg::kThreads, true>(smem + L::kK, k, p.k_row_stride, rows, p.d,
+                                                     tid);
+        load_tile_async<KvTile, Cfg::kThreads, true>(smem + L::kV, v, p.v_row_stride, rows,
+                                                     p.d_v, tid);
         if (Cfg::kStages == 2)
             load_query_step<T, Cfg>(args, geo, smem, cur.h, cur.qb * BM, 0, tid);
         cp_async_commit();
@@ -981,11 +983,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dkdv_kernel(const BwdArgs ar
 /* ---- 3b. deterministic dQ: one query block, key blocks in order ------------ */
 
 /* Starts the async loads of K, V rows k0.. of kv head hk into buffer buf. */
-template <typename T, int D>
+template <typename T, class Cfg>
 __device__ __forceinline__ void load_key_block(const fat_params &p, const Geometry &geo,
                                                uint32_t smem, int hk, int k0, int buf, int tid) {
-    using Cfg = BwdConfig<D>;
-    using L = DqSmem<D>;
+    using L = DqSmem<Cfg>;
     const int rows = geo.seq.sk - k0;
     const T *k = static_cast<const T *>(p.k) + geo.k_offset(p.k_batch_stride, p.k_row_stride, k0) +
                  (int64_t)hk * p.k_head_stride;
@@ -993,17 +994,16 @@ __device__ __forceinline__ void load_key_block(const fat_params &p, const Geomet
                  (int64_t)hk * p.v_head_stride;
     const uint32_t k_tile = smem + L::kK + buf * L::KvTile::kBytes;
     const uint32_t v_tile = smem + L::kV + buf * L::KvTile::kBytes;
-    load_padded_tile_async<Cfg::kQBlockN, D, Cfg::kQThreads>(k_tile, k, p.k_row_stride, rows, p.d,
-                                                             tid);
-    load_padded_tile_async<Cfg::kQBlockN, D, Cfg::kQThreads>(v_tile, v, p.v_row_stride, rows,
-                                                             p.d_v, tid);
+    using KvTile = typename L::KvTile;
+    load_tile_async<KvTile, Cfg::kQThreads, true>(k_tile, k, p.k_row_stride, rows, p.d, tid);
+    load_tile_async<KvTile, Cfg::kQThreads, true>(v_tile, v, p.v_row_stride, rows, p.d_v, tid);
 }
 
 /* One CTA per (query block, query head, batch), query block fastest. */
-template <typename T, int D>
-__global__ void __launch_bounds__(BwdConfig<D>::kQThreads, 1) dq_kernel(const BwdArgs args) {
-    using Cfg = BwdConfig<D>;
-    using L = DqSmem<D>;
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kQThreads, 1) dq_kernel(const BwdArgs args) {
+    constexpr int D = Cfg::D;
+    using L = DqSmem<Cfg>;
     using QTile = typename L::QTile;
     using KvTile = typename L::KvTile;
     constexpr int BM = Cfg::kQBlockM, BN = Cfg::kQBlockN, ST = BN / 8, DT = D / 8;
@@ -1041,11 +1041,11 @@ __global__ void __launch_bounds__(BwdConfig<D>::kQThreads, 1) dq_kernel(const Bw
         const T *dout = static_cast<const T *>(p.dout) +
                         geo.q_offset(p.do_batch_stride, p.do_row_stride, q0) +
                         (int64_t)h * p.do_head_stride;
-        load_padded_tile_async<BM, D, Cfg::kQThreads>(smem + L::kQ, q, p.q_row_stride, rows,
-                                                      p.d, tid);
-        load_padded_tile_async<BM, D, Cfg::kQThreads>(smem + L::kDout, dout, p.do_row_stride,
-                                                      rows, p.d_v, tid);
-        if (Cfg::kQStages == 2) load_key_block<T, D>(p, geo, smem, hk, blocks.first * BN, 0, tid);
+        load_tile_async<QTile, Cfg::kQThreads, true>(smem + L::kQ, q, p.q_row_stride, rows, p.d,
+                                                     tid);
+        load_tile_async<QTile, Cfg::kQThreads, true>(smem + L::kDout, dout, p.do_row_stride,
+                                                     rows, p.d_v, tid);
+        if (Cfg::kQStages == 2) load_key_block<T, Cfg>(p, geo, smem, hk, blocks.first * BN, 0, tid);
         cp_async_commit();
     }
     const GradMath math = make_grad_math(args);
@@ -1055,13 +1055,13 @@ __global__ void __launch_bounds__(BwdConfig<D>::kQThreads, 1) dq_kernel(const Bw
         const int buf = it % Cfg::kQStages;
         if (Cfg::kQStages == 1) {
             __syncthreads(); /* every warp is done with the previous K, V */
-            load_key_block<T, D>(p, geo, smem, hk, k0, 0, tid);
+            load_key_block<T, Cfg>(p, geo, smem, hk, k0, 0, tid);
             cp_async_commit();
         }
         cp_async_wait<0>();
         __syncthreads(); /* K, V of this block landed; the previous block is done */
         if (Cfg::kQStages == 2 && it + 1 < blocks.count) {
-            load_key_block<T, D>(p, geo, smem, hk, k0 + BN, (it + 1) % 2, tid);
+            load_key_block<T, Cfg>(p, geo, smem, hk, k0 + BN, (it + 1) % 2, tid);
             cp_async_commit();
         }
         const uint32_t k = smem + L::kK + buf * KvTile::kBytes;
@@ -1121,9 +1121,12 @@ inline unsigned ceil_div(int64_t n, int64_t d) { return (unsigned)((n + d - 1) /
 
 } /* namespace bwd80 */
 
-template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream_t stream) {
+/* The backward with tile configuration Cfg (a BwdTiles; dev/sm80_bwd_bench.cu
+ * times variants). */
+template <typename T, class Cfg>
+fat_status sm80_bwd_tiles(const fat_params &p, cudaStream_t stream) {
     using namespace bwd80;
-    using Cfg = BwdConfig<D>;
+    constexpr int D = Cfg::D;
     if (p.workspace == nullptr || p.workspace_bytes < sm80_bwd_workspace_bytes(p, D))
         return FAT_ERR_INVALID_ARGUMENT;
     const BwdArgs args = make_args(p, D);
@@ -1132,8 +1135,8 @@ template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream
     const int64_t q_blocks = (int64_t)ceil_div(p.sq, Cfg::kQBlockM) * p.hq * p.b;
     if (row_items / kRowWarps >= INT_MAX || kv_blocks > INT_MAX || q_blocks > INT_MAX)
         return FAT_ERR_UNSUPPORTED;
-    fat_status st = allow_smem(dkdv_kernel<T, D>, DkdvSmem<D>::kBytes);
-    if (st == FAT_OK && p.deterministic) st = allow_smem(dq_kernel<T, D>, DqSmem<D>::kBytes);
+    fat_status st = allow_smem(dkdv_kernel<T, Cfg>, DkdvSmem<Cfg>::kBytes);
+    if (st == FAT_OK && p.deterministic) st = allow_smem(dq_kernel<T, Cfg>, DqSmem<Cfg>::kBytes);
     if (st != FAT_OK) return st;
 
     if (row_items > 0) {
@@ -1141,19 +1144,23 @@ template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream
         if ((st = launch_status()) != FAT_OK) return st;
     }
     if (kv_blocks > 0) {
-        dkdv_kernel<T, D><<<(unsigned)kv_blocks, Cfg::kThreads, DkdvSmem<D>::kBytes, stream>>>(
-            args);
+        dkdv_kernel<T, Cfg>
+            <<<(unsigned)kv_blocks, Cfg::kThreads, DkdvSmem<Cfg>::kBytes, stream>>>(args);
         if ((st = launch_status()) != FAT_OK) return st;
     }
     if (p.deterministic) {
         if (q_blocks > 0)
-            dq_kernel<T, D><<<(unsigned)q_blocks, Cfg::kQThreads, DqSmem<D>::kBytes, stream>>>(
-                args);
+            dq_kernel<T, Cfg>
+                <<<(unsigned)q_blocks, Cfg::kQThreads, DqSmem<Cfg>::kBytes, stream>>>(args);
     } else if (row_items > 0) {
         bwd_dq_convert_kernel<T, D>
             <<<ceil_div(row_items, kRowWarps), 32 * kRowWarps, 0, stream>>>(args);
     }
     return launch_status();
+}
+
+template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream_t stream) {
+    return sm80_bwd_tiles<T, bwd80::BwdConfig<D>>(p, stream);
 }
 
 } /* namespace fat */

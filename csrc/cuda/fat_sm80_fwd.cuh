@@ -15,10 +15,11 @@
  * Loop over the visible key blocks j (window/causal ranges skipped):
  *   wait K_j; start loading V_j; S = Q K_j^T; mask (boundary blocks only);
  *   online softmax in the log2 domain; wait V_j; start loading K_{j+1};
- *   O += P V_j with P taken straight from the S registers.
+ *   O += P V_j with P taken straight from the S registers (kFwdHalfS: S,
+ *   softmax and P V in two halves of the key block).
  * Epilogue: O / rowsum staged through each warp's own rows of the Q tile and
- * stored in 16-byte chunks; lse = (max + log2 sum) * ln 2; a row with no
- * visible key gets o = 0, lse = -inf.
+ * stored in 16-byte chunks; lse = (reference max in log2 units + log2 sum)
+ * * ln 2; a row with no visible key gets o = 0, lse = -inf.
  */
 #pragma once
 
@@ -29,12 +30,35 @@
 
 namespace fat {
 
+/* Code options of one tile configuration (Sm80FwdTiles kFlags), each
+ * measured in dev/sm80_fwd_bench.cu. */
+enum Sm80FwdFlags {
+    /* without softcap and with scale > 0, keep the scores raw and take
+     * p = exp2(s * scale_log2 - max * scale_log2), one FFMA + ex2 per
+     * element (the row max of raw scores is the max of scaled ones) */
+    kFwdExp2Fma = 1,
+    /* a row keeps its reference max until the new max exceeds it by more
+     * than a factor 2^8 in p, and O is rescaled only when some row of the
+     * warp moved its reference (p <= 256: no overflow, same bf16/fp16
+     * relative precision; lse and O are unchanged up to rounding) */
+    kFwdLazyRescale = 2,
+    /* two kernels, with and without the softcap code, picked at launch: the
+     * common one is smaller (fewer registers) at twice the instantiations */
+    kFwdSplitSoftcap = 4,
+    /* __launch_bounds__ asks for 2 (8-warp) or 3 (4-warp) CTAs per SM
+     * instead of 1 / 2: at most 128 / 168 registers a thread */
+    kFwdMoreCtas = 8,
+    /* S and its softmax in two halves of kBlockN / 2 keys (the registers of
+     * the half tile; K and V loads and barriers per kBlockN keys) */
+    kFwdHalfS = 16,
+};
+
 /* One tile configuration: kWarps warps of kMTiles m16 tiles each split the
  * kBlockM = 16 kMTiles kWarps query rows; key blocks of kBlockN; Q either
  * re-read from shared memory for every key block or held in registers as A
- * fragments (kQInRegs, D / 4 registers per m16 tile). */
+ * fragments (kQInRegs, D / 4 registers per m16 tile); kFlags: Sm80FwdFlags. */
 template <int D_, int kWarps_, int kMTiles_, int kBlockN_, bool kQInRegs_ = false,
-          bool kExp2Fma_ = false, bool kLazyRescale_ = false>
+          int kFlags_ = 0>
 struct Sm80FwdTiles {
     static constexpr int D = D_;
     static constexpr int kWarps = kWarps_;
@@ -42,16 +66,13 @@ struct Sm80FwdTiles {
     static constexpr int kBlockM = 16 * kMTiles * kWarps;
     static constexpr int kBlockN = kBlockN_;
     static constexpr bool kQInRegs = kQInRegs_;
-    /* kExp2Fma: without softcap and with scale > 0, keep the scores raw and
-     * take p = exp2(s * scale_log2 - max * scale_log2), one FFMA + ex2 per
-     * element (the row max of raw scores is the max of scaled ones). */
-    static constexpr bool kExp2Fma = kExp2Fma_;
-    /* kLazyRescale: a row keeps its reference max until the new max exceeds
-     * it by more than 2^8 in p; O is rescaled only when some row of the
-     * warp moved its reference (p <= 256, exact in fp32 / bf16 range). */
-    static constexpr bool kLazyRescale = kLazyRescale_;
+    static constexpr bool kExp2Fma = (kFlags_ & kFwdExp2Fma) != 0;
+    static constexpr bool kLazyRescale = (kFlags_ & kFwdLazyRescale) != 0;
+    static constexpr bool kSplitSoftcap = (kFlags_ & kFwdSplitSoftcap) != 0;
+    static constexpr int kSubN = (kFlags_ & kFwdHalfS) ? kBlockN_ / 2 : kBlockN_;
+    static_assert(kSubN % 16 == 0, "S sub-blocks of whole k16 steps");
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int kMinBlocksPerSm = kWarps >= 8 ? 1 : 2;
+    static constexpr int kMinBlocksPerSm = (kWarps >= 8 ? 1 : 2) + ((kFlags_ & kFwdMoreCtas) ? 1 : 0);
     using QTile = PaddedTile<kBlockM, D>;
     using KVTile = PaddedTile<kBlockN, D>;
     static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
@@ -92,6 +113,43 @@ __device__ __forceinline__ KeyRange visible_keys(int first_row, int last_row, in
     return r;
 }
 
+/* load_tile_async for tiles whose 16-byte chunks divide evenly among the
+ * threads (one chunk column per thread): each thread walks down its column
+ * with one pointer, a few instructions per chunk instead of the index and
+ * 64-bit address arithmetic of every chunk (a third of the loop's
+ * instructions at D = 128 when K and V were loaded that way). */
+template <class Tile, int NThreads, typename T>
+__device__ __forceinline__ void load_tile_rows_async(uint32_t smem_base, const T *gmem,
+                                                     int64_t row_stride, int valid_rows,
+                                                     int valid_cols, int tid) {
+    constexpr int kChunksPerRow = Tile::kCols / 8;
+    if constexpr (NThreads % kChunksPerRow != 0 ||
+                  Tile::kRows % (NThreads / kChunksPerRow) != 0) {
+        load_tile_async<Tile, NThreads>(smem_base, gmem, row_stride, valid_rows, valid_cols, tid);
+    } else {
+        constexpr int kRowsPerPass = NThreads / kChunksPerRow;
+        /* tid re-read here (volatile): the per-thread address is rebuilt in
+         * a few instructions rather than hoisted and held across the
+         * caller's loop in registers */
+        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+        const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
+        const T *src = gmem + row * row_stride + col;
+        const int64_t step = kRowsPerPass * row_stride;
+        if (valid_rows >= Tile::kRows && valid_cols >= Tile::kCols) { /* the common case */
+#pragma unroll
+            for (int r = 0; r < Tile::kRows; r += kRowsPerPass, src += step)
+                cp_async_16(smem_base + Tile::offset(row + r, col), src, true);
+            return;
+        }
+        const bool col_ok = col < valid_cols;
+#pragma unroll 1
+        for (int r = 0; r < Tile::kRows; r += kRowsPerPass, src += step) {
+            const bool valid = col_ok && row + r < valid_rows;
+            cp_async_16(smem_base + Tile::offset(row + r, col), valid ? src : gmem, valid);
+        }
+    }
+}
+
 /* Pointer to row 0 of head h of one sequence (dense or varlen). */
 template <typename T>
 __device__ __forceinline__ T *seq_head_ptr(const void *base, int64_t batch_stride,
@@ -105,9 +163,9 @@ __device__ __forceinline__ T *seq_head_ptr(const void *base, int64_t batch_strid
 /* Scores of one key block into the log2 domain: scale (and softcap).  One
  * branch around the whole loop: per element it would split the element-wise
  * code into basic blocks the scheduler cannot interleave. */
-template <int MT, int NT>
+template <bool kMaySoftcap, int MT, int NT>
 __device__ __forceinline__ void scores_to_log2(float (&s)[MT][NT][4], const Sm80FwdArgs &args) {
-    if (args.softcap_pre != 0.f) {
+    if (kMaySoftcap && args.softcap_pre != 0.f) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -125,35 +183,75 @@ __device__ __forceinline__ void scores_to_log2(float (&s)[MT][NT][4], const Sm80
     }
 }
 
+/* o[mt][nt][e] *= c[mt][e / 2] (per row of this thread's C tiles) */
+template <int MT, int NT>
+__device__ __forceinline__ void scale_rows(float (&o)[MT][NT][4], const float (&c)[MT][2]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][nt][e] *= c[mt][e >> 1];
+}
+
 /* -inf where key col is not visible from query row; this thread's element
- * (mt, nt, e) is row row0 + 16 mt + 8 (e / 2), col col0 + 8 nt + e % 2. */
+ * (mt, nt, e) is row row0 + 16 mt + 8 (e / 2), col col0 + 8 nt + e % 2.
+ * Each row's visible keys are one range [lo, hi) (fat_cuda_internal.h), so
+ * an element costs one unsigned compare of its column offset in the range. */
 template <int MT, int NT>
 __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], int row0, int col0, int shift,
                                             int sk, const Sm80FwdArgs &args) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int ri = 0; ri < 2; ++ri) {
+            const int64_t diag = (int64_t)(row0 + mt * 16 + ri * 8) + shift;
+            int64_t hi = sk, lo = 0;
+            if (args.window_right >= 0) hi = min(hi, diag + args.window_right + 1);
+            if (args.window_left >= 0) lo = max(lo, diag - args.window_left);
+            /* col visible <=> (unsigned)(col - lo) < span */
+            const uint32_t span = hi > lo ? (uint32_t)(hi - lo) : 0u;
+            const uint32_t first = (uint32_t)(col0 - (int)min(lo, (int64_t)sk));
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row0 + mt * 16 + (e >> 1) * 8;
-                const int col = col0 + nt * 8 + (e & 1);
-                const bool visible =
-                    col < sk &&
-                    (args.window_right < 0 || col <= row + shift + args.window_right) &&
-                    (args.window_left < 0 || col >= row + shift - args.window_left);
-                if (!visible) s[mt][nt][e] = -INFINITY;
-            }
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (first + (uint32_t)(nt * 8 + e) >= span) s[mt][nt][2 * ri + e] = -INFINITY;
+        }
 }
 
-template <typename T, class Cfg>
+/* The (query block, head, sequence) of this CTA.  blockIdx is read through
+ * a volatile asm so that the call before the epilogue recomputes these
+ * values instead of holding them in registers across the main loop. */
+struct FwdCta {
+    int m0, h, b; /* first query row of the block, query head, sequence */
+    SeqInfo seq;
+};
+template <int BM> __device__ __forceinline__ FwdCta fwd_cta(const Sm80FwdArgs &args) {
+    const fat_params &p = args.p;
+    int bid;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(bid));
+    const int m_idx = bid % args.num_m_blocks;
+    bid /= args.num_m_blocks;
+    FwdCta c;
+    c.h = bid % p.hq;
+    c.b = bid / p.hq;
+    c.seq = seq_info(p.cu_seqlens_q, p.cu_seqlens_k, c.b, p.sq, p.sk);
+    c.m0 = (p.causal ? args.num_m_blocks - 1 - m_idx : m_idx) * BM;
+    return c;
+}
+
+/* kMaySoftcap = false: the instantiation for args.softcap_pre == 0 only
+ * (kFwdSplitSoftcap). */
+template <typename T, class Cfg, bool kMaySoftcap = true>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     sm80_fwd_kernel(const Sm80FwdArgs args) {
     constexpr int D = Cfg::D;
     using QTile = typename Cfg::QTile;
     using KVTile = typename Cfg::KVTile;
     constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, MT = Cfg::kMTiles;
-    constexpr int NT_S = BN / 8; /* C tiles of S per m16 tile */
+    constexpr int SN = Cfg::kSubN, NSUB = BN / SN; /* S sub-blocks of SN keys */
+    constexpr int NT_S = SN / 8; /* C tiles of S per m16 tile */
     constexpr int NT_O = D / 8;  /* C tiles of O per m16 tile */
     const fat_params &p = args.p;
 
@@ -162,16 +260,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const uint32_t k_smem = q_smem + QTile::kBytes;
     const uint32_t v_smem = k_smem + KVTile::kBytes;
 
-    /* which (query block, head, sequence) */
-    int bid = blockIdx.x;
-    const int m_idx = bid % args.num_m_blocks;
-    bid /= args.num_m_blocks;
-    const int h = bid % p.hq;
-    const int b = bid / p.hq;
+    const FwdCta cta = fwd_cta<BM>(args);
+    const int h = cta.h, b = cta.b, m0 = cta.m0;
+    const SeqInfo seq = cta.seq;
     const bool varlen = p.cu_seqlens_q != nullptr;
-    const SeqInfo seq = seq_info(p.cu_seqlens_q, p.cu_seqlens_k, b, p.sq, p.sk);
-    const int m_block = p.causal ? args.num_m_blocks - 1 - m_idx : m_idx;
-    const int m0 = m_block * BM;
     if (m0 >= seq.sq) return;
     const int hk = h / (p.hq / p.hkv);
 
@@ -192,7 +284,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     const int nb_hi = keys.hi > keys.lo ? (keys.hi + BN - 1) / BN : nb_lo;
     const int shift = seq.sk - seq.sq;
     /* scores stay raw (scaled inside the exp) or go to the log2 domain */
-    const bool raw_scores = Cfg::kExp2Fma && args.softcap_pre == 0.f && args.scale_log2 > 0.f;
+    const bool raw_scores =
+        Cfg::kExp2Fma && !(kMaySoftcap && args.softcap_pre != 0.f) && args.scale_log2 > 0.f;
     const float exp_scale = raw_scores ? args.scale_log2 : 1.f;
 
     uint32_t q_frag[Cfg::kQInRegs ? MT : 1][Cfg::kQInRegs ? D / 16 : 1][4];
@@ -209,8 +302,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     }
 
     if (nb_lo < nb_hi) {
-        load_tile_async<QTile, Cfg::kThreads>(q_smem, q, p.q_row_stride, m_rows, p.d, tid);
-        load_tile_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)nb_lo * BN * p.k_row_stride,
+        load_tile_rows_async<QTile, Cfg::kThreads>(q_smem, q, p.q_row_stride, m_rows, p.d, tid);
+        load_tile_rows_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)nb_lo * BN * p.k_row_stride,
                                               p.k_row_stride, seq.sk - nb_lo * BN, p.d, tid);
         cp_async_commit();
     }
@@ -219,7 +312,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         const int n0 = nb * BN;
         cp_async_wait<0>();
         __syncthreads(); /* K_j landed; every warp is done with V_{j-1} */
-        load_tile_async<KVTile, Cfg::kThreads>(v_smem, v + (int64_t)n0 * p.v_row_stride,
+        load_tile_rows_async<KVTile, Cfg::kThreads>(v_smem, v + (int64_t)n0 * p.v_row_stride,
                                               p.v_row_stride, seq.sk - n0, p.d_v, tid);
         cp_async_commit();
 
@@ -231,130 +324,139 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
                     load_a<QTile>(q_frag[mt][kk], q_smem, warp_row0 + mt * 16, kk * 16, lane);
         }
 
-        /* S = Q K^T */
-        float s[MT][NT_S][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if (Cfg::kQInRegs) {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][kk][r];
-                } else {
-                    load_a<QTile>(a[mt], q_smem, warp_row0 + mt * 16, kk * 16, lane);
-                }
-            }
-#pragma unroll
-            for (int nn = 0; nn < BN / 16; ++nn) {
-                uint32_t bf[4];
-                load_b_nk<KVTile>(bf, k_smem, nn * 16, kk * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(s[mt][2 * nn], a[mt], bf);
-                    mma_16816<T>(s[mt][2 * nn + 1], a[mt], bf + 2);
-                }
-            }
-        }
-
-        /* scores into the log2 domain, masked where the block straddles a
-         * boundary (end of keys, causal diagonal, window edges) */
-        const bool need_mask =
+        /* S = Q K^T and the online softmax, one sub-block of SN keys at a
+         * time; P of every sub-block kept as 2-byte A fragments */
+        uint32_t pa[MT][BN / 16][4];
+        float correction[NSUB][MT][2];
+        bool rescale[NSUB];
+        const bool need_mask = /* the block straddles a boundary */
             n0 + BN > seq.sk ||
             (args.window_right >= 0 && n0 + BN - 1 > m0 + shift + args.window_right) ||
             (args.window_left >= 0 && n0 < m0 + BM - 1 + shift - args.window_left);
-        if (!raw_scores) scores_to_log2<MT, NT_S>(s, args);
-        if (need_mask)
-            mask_scores<MT, NT_S>(s, m0 + warp_row0 + g, n0 + 2 * t, shift, seq.sk, args);
-
-        /* online softmax: new row max (the reference p is taken against),
-         * rescale O and the running sum, P */
-        float correction[MT][2];
-        bool rescale = false;
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int sb = 0; sb < NSUB; ++sb) {
+            float s[MT][NT_S][4];
 #pragma unroll
-            for (int ri = 0; ri < 2; ++ri) {
-                const float old = row_max[mt][ri];
-                float mx = old;
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < NT_S; ++nt)
-                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
-                mx = quad_max(mx);
-                /* old = -inf (nothing seen yet): the difference is inf or NaN */
-                const bool keep = Cfg::kLazyRescale && (mx - old) * exp_scale <= 8.f;
-                if (!keep) row_max[mt][ri] = mx;
-                rescale |= !keep;
-                const float ref = row_max[mt][ri] == -INFINITY ? 0.f : row_max[mt][ri];
-                const float ref_scaled = ref * exp_scale;
-                correction[mt][ri] = keep ? 1.f : fast_exp2(fmaf(old, exp_scale, -ref_scaled));
-                float sum = row_sum[mt][ri] * correction[mt][ri];
-                if (!Cfg::kLazyRescale) {
 #pragma unroll
-                    for (int nt = 0; nt < NT_O; ++nt) {
-                        o_acc[mt][nt][2 * ri] *= correction[mt][ri];
-                        o_acc[mt][nt][2 * ri + 1] *= correction[mt][ri];
+                    for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                uint32_t a[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (Cfg::kQInRegs) {
+#pragma unroll
+                        for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][kk][r];
+                    } else {
+                        load_a<QTile>(a[mt], q_smem, warp_row0 + mt * 16, kk * 16, lane);
                     }
                 }
 #pragma unroll
-                for (int nt = 0; nt < NT_S; ++nt) {
-                    const float p0 = fast_exp2(fmaf(s[mt][nt][2 * ri], exp_scale, -ref_scaled));
-                    const float p1 = fast_exp2(fmaf(s[mt][nt][2 * ri + 1], exp_scale, -ref_scaled));
-                    s[mt][nt][2 * ri] = p0;
-                    s[mt][nt][2 * ri + 1] = p1;
-                    sum += p0 + p1;
+                for (int nn = 0; nn < SN / 16; ++nn) {
+                    uint32_t bf[4];
+                    load_b_nk<KVTile>(bf, k_smem, sb * SN + nn * 16, kk * 16, lane);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_16816<T>(s[mt][2 * nn], a[mt], bf);
+                        mma_16816<T>(s[mt][2 * nn + 1], a[mt], bf + 2);
+                    }
                 }
-                row_sum[mt][ri] = sum;
             }
+
+            /* scores into the log2 domain (unless kept raw), masked at
+             * boundaries (end of keys, causal diagonal, window edges) */
+            if (!raw_scores) scores_to_log2<kMaySoftcap, MT, NT_S>(s, args);
+            if (need_mask)
+                mask_scores<MT, NT_S>(s, m0 + warp_row0 + g, n0 + sb * SN + 2 * t, shift,
+                                      seq.sk, args);
+
+            /* online softmax: new row max (the reference p is taken
+             * against), rescale of the running sum (and of O, here when
+             * one sub-block, else before this sub-block's P V), P */
+            rescale[sb] = false;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int ri = 0; ri < 2; ++ri) {
+                    const float old = row_max[mt][ri];
+                    float mx = old;
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt)
+                        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
+                    mx = quad_max(mx);
+                    /* old = -inf (nothing seen yet): the difference is inf or NaN */
+                    const bool keep = Cfg::kLazyRescale && (mx - old) * exp_scale <= 8.f;
+                    if (!keep) row_max[mt][ri] = mx;
+                    rescale[sb] |= !keep;
+                    const float ref = row_max[mt][ri] == -INFINITY ? 0.f : row_max[mt][ri];
+                    const float ref_scaled = ref * exp_scale;
+                    const float c = keep ? 1.f : fast_exp2(fmaf(old, exp_scale, -ref_scaled));
+                    correction[sb][mt][ri] = c;
+                    float sum = row_sum[mt][ri] * c;
+                    if (!Cfg::kLazyRescale && NSUB == 1) {
+#pragma unroll
+                        for (int nt = 0; nt < NT_O; ++nt) {
+                            o_acc[mt][nt][2 * ri] *= c;
+                            o_acc[mt][nt][2 * ri + 1] *= c;
+                        }
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < NT_S; ++nt) {
+                        const float p0 = fast_exp2(fmaf(s[mt][nt][2 * ri], exp_scale, -ref_scaled));
+                        const float p1 =
+                            fast_exp2(fmaf(s[mt][nt][2 * ri + 1], exp_scale, -ref_scaled));
+                        s[mt][nt][2 * ri] = p0;
+                        s[mt][nt][2 * ri + 1] = p1;
+                        sum += p0 + p1;
+                    }
+                    row_sum[mt][ri] = sum;
+                }
+            /* one warp-uniform branch: most blocks move no row's reference */
+            if (Cfg::kLazyRescale && NSUB == 1 && __any_sync(0xffffffffu, rescale[sb]))
+                scale_rows<MT, NT_O>(o_acc, correction[sb]);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < SN / 16; ++kk)
+                    c_pair_to_a<T>(pa[mt][sb * SN / 16 + kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
+        }
 
         cp_async_wait<0>();
         __syncthreads(); /* V_j landed; every warp is done with K_j */
         if (nb + 1 < nb_hi) {
-            load_tile_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)(n0 + BN) * p.k_row_stride,
+            load_tile_rows_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)(n0 + BN) * p.k_row_stride,
                                                   p.k_row_stride, seq.sk - n0 - BN, p.d, tid);
             cp_async_commit();
         }
 
-        if (Cfg::kLazyRescale && __any_sync(0xffffffffu, rescale)) {
+        /* O = O * correction + P V, sub-block by sub-block */
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+        for (int sb = 0; sb < NSUB; ++sb) {
+            if (NSUB > 1 && (!Cfg::kLazyRescale || __any_sync(0xffffffffu, rescale[sb])))
+                scale_rows<MT, NT_O>(o_acc, correction[sb]);
 #pragma unroll
-                for (int nt = 0; nt < NT_O; ++nt)
+            for (int kk = sb * SN / 16; kk < (sb + 1) * SN / 16; ++kk) {
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) o_acc[mt][nt][e] *= correction[mt][e >> 1];
-        }
-
-        /* O += P V, P as 2-byte A fragments (half the registers of S) */
-        uint32_t pa[MT][BN / 16][4];
+                for (int dd = 0; dd < D / 16; ++dd) {
+                    uint32_t bf[4];
+                    load_b_kn<KVTile>(bf, v_smem, dd * 16, kk * 16, lane);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                c_pair_to_a<T>(pa[mt][kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-#pragma unroll
-            for (int dd = 0; dd < D / 16; ++dd) {
-                uint32_t bf[4];
-                load_b_kn<KVTile>(bf, v_smem, dd * 16, kk * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma_16816<T>(o_acc[mt][2 * dd], pa[mt][kk], bf);
-                    mma_16816<T>(o_acc[mt][2 * dd + 1], pa[mt][kk], bf + 2);
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_16816<T>(o_acc[mt][2 * dd], pa[mt][kk], bf);
+                        mma_16816<T>(o_acc[mt][2 * dd + 1], pa[mt][kk], bf + 2);
+                    }
                 }
             }
         }
     }
 
     /* epilogue: normalise, lse, stage O in this warp's rows of the Q tile */
-    float *lse = p.lse + (varlen ? (int64_t)h * p.lse_head_stride + seq.q_start
-                                 : (int64_t)b * p.lse_batch_stride + (int64_t)h * p.lse_head_stride);
+    const FwdCta out = fwd_cta<BM>(args);
+    float *lse = p.lse + (varlen ? (int64_t)out.h * p.lse_head_stride + out.seq.q_start
+                                 : (int64_t)out.b * p.lse_batch_stride + (int64_t)out.h * p.lse_head_stride);
     __syncwarp();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -363,8 +465,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
             const float sum = quad_sum(row_sum[mt][ri]);
             const float inv = sum > 0.f ? 1.f / sum : 0.f;
             const int row = warp_row0 + mt * 16 + g + ri * 8;
-            if (t == 0 && m0 + row < seq.sq)
-                lse[m0 + row] = sum > 0.f ? (row_max[mt][ri] * exp_scale + log2f(sum)) * 0.69314718055994531f
+            if (t == 0 && out.m0 + row < out.seq.sq)
+                lse[out.m0 + row] = sum > 0.f ? (row_max[mt][ri] * exp_scale + log2f(sum)) * 0.69314718055994531f
                                           : -INFINITY;
 #pragma unroll
             for (int nt = 0; nt < NT_O; ++nt) {
@@ -376,15 +478,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
         }
     __syncwarp();
 
-    T *o = seq_head_ptr<T>(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, b,
-                           seq.q_start, varlen, h) + (int64_t)m0 * p.o_row_stride;
+    T *o = seq_head_ptr<T>(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, out.b,
+                           out.seq.q_start, varlen, out.h) + (int64_t)out.m0 * p.o_row_stride;
     constexpr int kChunksPerRow = D / 8;
     constexpr int kWarpChunks = 16 * MT * kChunksPerRow;
 #pragma unroll
     for (int i = lane; i < kWarpChunks; i += 32) {
         const int row = warp_row0 + i / kChunksPerRow;
         const int col = (i % kChunksPerRow) * 8;
-        if (m0 + row < seq.sq && col < p.d_v) {
+        if (out.m0 + row < out.seq.sq && col < p.d_v) {
             uint4 chunk;
             asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
                          : "=r"(chunk.x), "=r"(chunk.y), "=r"(chunk.z), "=r"(chunk.w)
@@ -407,7 +509,9 @@ template <typename T, class Cfg> fat_status sm80_fwd_tiles(const fat_params &p, 
     const int64_t blocks = (int64_t)args.num_m_blocks * p.hq * p.b;
     if (blocks > 0x7fffffff) return FAT_ERR_UNSUPPORTED;
 
-    auto kernel = sm80_fwd_kernel<T, Cfg>;
+    auto kernel = sm80_fwd_kernel<T, Cfg, true>;
+    if constexpr (Cfg::kSplitSoftcap)
+        if (args.softcap_pre == 0.f) kernel = sm80_fwd_kernel<T, Cfg, false>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::kSmemBytes) != cudaSuccess)
         return FAT_ERR_CUDA;

@@ -119,17 +119,19 @@ template <int Rows, int Cols> struct PaddedTile {
 /* Async copy of a Tile::kRows x Tile::kCols tile from global (row stride in
  * elements) into a SmemTile or PaddedTile at smem_base. Rows >= valid_rows
  * and columns >= valid_cols (a multiple of 8) are zero filled. All NThreads
- * threads take part. */
-template <class Tile, int NThreads, typename T>
+ * threads take part.  Not unrolled unless kUnrolled: an unrolled copy can
+ * keep every chunk's addresses live across its caller's main loop (spills in
+ * the forward at D = 128), a rolled one costs the backward's dkdv_kernel a
+ * few registers that spill at D = 128 on sm_80. */
+template <class Tile, int NThreads, bool kUnrolled = false, typename T>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_base, const T *gmem,
                                                 int64_t row_stride, int valid_rows,
                                                 int valid_cols, int tid) {
     constexpr int kChunksPerRow = Tile::kCols / 8;
     constexpr int kChunks = Tile::kRows * kChunksPerRow;
     constexpr int kIters = (kChunks + NThreads - 1) / NThreads;
-    /* not unrolled: an unrolled copy keeps every chunk's addresses live in
-     * registers across the main loop of its caller (spills at D = 128) */
-#pragma unroll 1
+    constexpr int kUnroll = kUnrolled ? kIters : 1;
+#pragma unroll kUnroll
     for (int it = 0; it < kIters; ++it) {
         const int i = tid + it * NThreads;
         if (kChunks % NThreads != 0 && i >= kChunks) break;

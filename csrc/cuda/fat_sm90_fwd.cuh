@@ -27,14 +27,17 @@
  * Key blocks that no query row of the CTA sees are skipped; element masks
  * run only on blocks that cross sk or a window/causal edge.
  *
- * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong>, timed side
- * by side by dev/sm90_fwd_check.cu):
+ * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent>,
+ * timed side by side by dev/sm90_fwd_check.cu; fwd_choice picks the default):
  *   kOverlap : FA3's intra-warpgroup overlap: issue S_{j+1}, rescale O, issue
  *              P_j V_j, wait for S_{j+1} only and run its softmax while P_j V_j
  *              is on the tensor cores;
  *   kPingPong: (with kOverlap) the two consumer warpgroups take turns issuing
  *              their GEMMs (named barriers), so one's softmax runs under the
- *              other's GEMMs.
+ *              other's GEMMs;
+ *   kPersistent: one CTA per SM runs tiles in fwd_tile_at's order; q_empty
+ *              lets the producer load the next tile's Q after the epilogue,
+ *              and its K/V during it.
  */
 #pragma once
 
@@ -209,17 +212,22 @@ __device__ __forceinline__ void tma_load_kv(uint8_t *dst, const CUtensorMap *map
 /* One thread: Q, K_0, then K_{j+1} before V_j, in the order the consumers
  * use them.  K and V have their own empty barriers: a K stage is free once
  * S = Q K^T finished, long before P V is done with the V of the same block. */
-/* it0: loads of the ring before this tile (persistent CTAs run on).  Q is
- * loaded even when the tile sees no key: the consumers always wait for it. */
+/* tile_no: tiles this CTA ran before, it0: loads of the ring before this
+ * tile (persistent CTAs run on).  The first K goes out before the wait for
+ * the epilogue of the previous tile to free q.  Q is loaded even when the
+ * tile sees no key: the consumers always wait for it. */
 template <class C>
-__device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int it0) {
+__device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int tile_no, int it0) {
     const int batch = a.cu_seqlens_q ? 0 : t.b;
     const int kv_head = t.h / a.group;
-    tma_load_block<C>(sm.q, C::kQPanelBytes, &a.q_map, (int)(t.seq.q_start + t.m0), t.h, batch, sm.q_full);
-    if (t.n_min > t.n_max) return;
     auto row_of = [&](int n) { return (int)(t.seq.k_start + (int64_t)n * C::kBlockN); };
     const int s0 = it0 % C::kStages;
-    tma_load_kv<C>(sm.k(s0), &a.k_map, &sm.k_empty[s0], &sm.k_full[s0], it0, row_of(t.n_min), kv_head, batch);
+    if (t.n_min <= t.n_max)
+        tma_load_kv<C>(sm.k(s0), &a.k_map, &sm.k_empty[s0], &sm.k_full[s0], it0, row_of(t.n_min), kv_head,
+                       batch);
+    if (tile_no > 0) mbar_wait(sm.q_empty, (uint32_t)(tile_no - 1) & 1);
+    tma_load_block<C>(sm.q, C::kQPanelBytes, &a.q_map, (int)(t.seq.q_start + t.m0), t.h, batch, sm.q_full);
+    if (t.n_min > t.n_max) return;
     for (int n = t.n_min, it = it0; n <= t.n_max; ++n, ++it) {
         if (n < t.n_max) {
             const int s = (it + 1) % C::kStages;
@@ -606,8 +614,7 @@ __global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ Fwd
         for (int i = first, tile_no = 0, it = 0; i < end; i += step) {
             const FwdTile t = fwd_tile_at<C>(a, i);
             if (t.rows <= 0) continue; /* varlen: this block lies past its sequence */
-            if (tile_no > 0) mbar_wait(sm.q_empty, (uint32_t)(tile_no - 1) & 1);
-            fwd_produce<C>(a, t, sm, it);
+            fwd_produce<C>(a, t, sm, tile_no, it);
             ++tile_no;
             it += t.n_max >= t.n_min ? t.n_max - t.n_min + 1 : 0;
         }
@@ -750,22 +757,33 @@ template <typename T, class C> fat_status launch_fwd(const fat_params &p, cudaSt
     return launch_fwd_args<T, C>(a, stream);
 }
 
-/* The variants sm90_fwd runs (predictions and measurements: benchmarks/NOTES.md).
- * kBlockN: 128; 80 at D = 256 (shared memory).  Stages: 3 at D = 64, else 2.
- * FwdWide: 176 keys per block at D = 128 for problems without a causal or
- * window edge (fewer, larger blocks; FA3's choice there). */
-template <int D> using FwdDefault = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, true>;
-using FwdWide128 = FwdConfig<128, 176, 2, true, true>;
+/* The variants sm90_fwd chooses from (measurements: benchmarks/NOTES.md).
+ * kBlockN 128 (80 at D = 256, shared memory), 3 stages at D = 64, else 2. */
+template <int D, bool PingPong, bool Persistent = false>
+using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPong, Persistent>;
+using FwdWide128 = FwdConfig<128, 176, 2, true, true>; /* FA3's D = 128 tile */
+
+enum FwdChoice { FWD_OVERLAP, FWD_PINGPONG, FWD_WIDE128 };
+
+/* The one place the default is chosen, from the H200 table of NOTES.md
+ * (bf16, 16 heads, 16k tokens): D = 128 overlap BN128 is fastest at 2k-8k
+ * (causal or not) and within 3% of the best at 1k; pingpong n176 is best
+ * at 16k (618 vs 611 non-causal, 635 vs 633 causal).  D = 64 and 256:
+ * ping-pong, the only variant measured there so far. */
+template <int D> inline FwdChoice fwd_choice(const fat_params &p) {
+    if (D != 128) return FWD_PINGPONG;
+    return p.sq > 8192 ? FWD_WIDE128 : FWD_OVERLAP;
+}
 
 } /* namespace sm90 */
 
 template <typename T, int D> fat_status sm90_fwd(const fat_params &p, cudaStream_t stream) {
     if constexpr (D == 128) {
-        int left, right;
-        fat_effective_window(&p, &left, &right);
-        if (left < 0 && right < 0) return sm90::launch_fwd<T, sm90::FwdWide128>(p, stream);
+        if (sm90::fwd_choice<D>(p) == sm90::FWD_WIDE128) return sm90::launch_fwd<T, sm90::FwdWide128>(p, stream);
+        return sm90::launch_fwd<T, sm90::FwdBase<D, false>>(p, stream);
+    } else {
+        return sm90::launch_fwd<T, sm90::FwdBase<D, true>>(p, stream);
     }
-    return sm90::launch_fwd<T, sm90::FwdDefault<D>>(p, stream);
 }
 
 } /* namespace fat */

@@ -114,243 +114,104 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
  * and the shared memory untouched until wgmma_wait says the group is done. */
 template <int N> struct Wgmma;
 
-#define FAT_ACC8(d, i)                                                                         \
+/* The accumulator operands d[i..i+7] and their "%i, ..." names (8 a macro). */
+#define FAT_ACC8(i)                                                                            \
     "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),             \
         "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FAT_R0 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define FAT_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define FAT_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define FAT_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define FAT_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FAT_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define FAT_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define FAT_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define FAT_R64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define FAT_R72 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define FAT_R80 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define FAT_R88 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define FAT_R96 ", %96, %97, %98, %99, %100, %101, %102, %103"
+#define FAT_R104 ", %104, %105, %106, %107, %108, %109, %110, %111"
+#define FAT_R112 ", %112, %113, %114, %115, %116, %117, %118, %119"
+#define FAT_R120 ", %120, %121, %122, %123, %124, %125, %126, %127"
+#define FAT_STR_(x) #x
+#define FAT_STR(x) FAT_STR_(x)
+/* m64nNk16 with accumulators REGS/ACCS, then TAIL (the other operands and
+ * the scale/transpose immediates); operand PRED is the accumulate flag. */
+#define FAT_WGMMA_ASM(N, AB, REGS, ACCS, TAIL, PRED, ...)                                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" FAT_STR(PRED) ", 0;\n"                     \
+                 "wgmma.mma_async.sync.aligned.m64n" FAT_STR(N) "k16.f32" AB " {" REGS "}," TAIL  \
+                 ";\n}\n"                                                                        \
+                 : ACCS                                                                          \
+                 : __VA_ARGS__)
+/* K0..K5 = N/2 .. N/2 + 5: the operand numbers after the N/2 accumulators. */
+#define FAT_WGMMA_SS(N, AB, REGS, ACCS, K0, K1, K2)                                              \
+    FAT_WGMMA_ASM(N, AB, REGS, FAT_UNPAREN ACCS, " %" FAT_STR(K0) ", %" FAT_STR(K1) ", p, 1, 1, 0, 0", \
+                  K2, "l"(a_desc), "l"(b_desc), "r"(accumulate))
+#define FAT_WGMMA_RS(N, AB, REGS, ACCS, K0, K1, K2, K3, K4, K5)                                  \
+    FAT_WGMMA_ASM(N, AB, REGS, FAT_UNPAREN ACCS,                                                 \
+                  " {%" FAT_STR(K0) ", %" FAT_STR(K1) ", %" FAT_STR(K2) ", %" FAT_STR(K3)         \
+                  "}, %" FAT_STR(K4) ", p, 1, 1, 1",                                             \
+                  K5, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
+#define FAT_UNPAREN(...) __VA_ARGS__
+#define FAT_WGMMA_SHAPE(N, REGS, ACCS, K0, K1, K2, K3, K4, K5)                                   \
+    template <> struct Wgmma<N> {                                                                \
+        template <typename T>                                                                    \
+        static __device__ __forceinline__ void ss(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, \
+                                                  int accumulate) {                              \
+            if constexpr (kIsHalf<T>) FAT_WGMMA_SS(N, ".f16.f16", REGS, ACCS, K0, K1, K2);       \
+            else FAT_WGMMA_SS(N, ".bf16.bf16", REGS, ACCS, K0, K1, K2);                          \
+        }                                                                                        \
+        template <typename T>                                                                    \
+        static __device__ __forceinline__ void rs_mn(float (&d)[N / 2], const uint32_t (&a)[4],  \
+                                                     uint64_t b_desc, int accumulate) {          \
+            if constexpr (kIsHalf<T>) FAT_WGMMA_RS(N, ".f16.f16", REGS, ACCS, K0, K1, K2, K3, K4, K5); \
+            else FAT_WGMMA_RS(N, ".bf16.bf16", REGS, ACCS, K0, K1, K2, K3, K4, K5);              \
+        }                                                                                        \
+    };
 
-#define FAT_WGMMA_SS_N64(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},"  \
-                 " %32, %33, p, 1, 1, 0, 0;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24)  \
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate))
-#define FAT_WGMMA_RS_N64(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31},"  \
-                 " {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24)  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
-template <> struct Wgmma<64> {
-    template <typename T>
-    static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a_desc, uint64_t b_desc,
-                                              int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_SS_N64(".f16.f16");
-        else FAT_WGMMA_SS_N64(".bf16.bf16");
-    }
-    template <typename T>
-    static __device__ __forceinline__ void rs_mn(float (&d)[32], const uint32_t (&a)[4],
-                                                 uint64_t b_desc, int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_RS_N64(".f16.f16");
-        else FAT_WGMMA_RS_N64(".bf16.bf16");
-    }
-};
-#undef FAT_WGMMA_SS_N64
-#undef FAT_WGMMA_RS_N64
+FAT_WGMMA_SHAPE(64, FAT_R0 FAT_R8 FAT_R16 FAT_R24,
+                (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24)),
+                32, 33, 34, 35, 36, 37)
+FAT_WGMMA_SHAPE(80, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32,
+                (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24), FAT_ACC8(32)),
+                40, 41, 42, 43, 44, 45)
+FAT_WGMMA_SHAPE(128, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32 FAT_R40 FAT_R48 FAT_R56,
+                (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24), FAT_ACC8(32), FAT_ACC8(40), FAT_ACC8(48), FAT_ACC8(56)),
+                64, 65, 66, 67, 68, 69)
+FAT_WGMMA_SHAPE(176, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32 FAT_R40 FAT_R48 FAT_R56 FAT_R64 FAT_R72 FAT_R80,
+                (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24), FAT_ACC8(32), FAT_ACC8(40), FAT_ACC8(48), FAT_ACC8(56), FAT_ACC8(64), FAT_ACC8(72), FAT_ACC8(80)),
+                88, 89, 90, 91, 92, 93)
+FAT_WGMMA_SHAPE(192, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32 FAT_R40 FAT_R48 FAT_R56 FAT_R64 FAT_R72 FAT_R80 FAT_R88,
+                (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24), FAT_ACC8(32), FAT_ACC8(40), FAT_ACC8(48), FAT_ACC8(56), FAT_ACC8(64), FAT_ACC8(72), FAT_ACC8(80), FAT_ACC8(88)),
+                96, 97, 98, 99, 100, 101)
+FAT_WGMMA_SHAPE(256, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32 FAT_R40 FAT_R48 FAT_R56 FAT_R64 FAT_R72 FAT_R80 FAT_R88 FAT_R96 FAT_R104 FAT_R112 FAT_R120,
+                (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24), FAT_ACC8(32), FAT_ACC8(40), FAT_ACC8(48), FAT_ACC8(56), FAT_ACC8(64), FAT_ACC8(72), FAT_ACC8(80), FAT_ACC8(88), FAT_ACC8(96), FAT_ACC8(104), FAT_ACC8(112), FAT_ACC8(120)),
+                128, 129, 130, 131, 132, 133)
 
-#define FAT_WGMMA_SS_N80(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n80k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39},"  \
-                 " %40, %41, p, 1, 1, 0, 0;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32)  \
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate))
-#define FAT_WGMMA_RS_N80(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n80k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39},"  \
-                 " {%40, %41, %42, %43}, %44, p, 1, 1, 1;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32)  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
-template <> struct Wgmma<80> {
-    template <typename T>
-    static __device__ __forceinline__ void ss(float (&d)[40], uint64_t a_desc, uint64_t b_desc,
-                                              int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_SS_N80(".f16.f16");
-        else FAT_WGMMA_SS_N80(".bf16.bf16");
-    }
-    template <typename T>
-    static __device__ __forceinline__ void rs_mn(float (&d)[40], const uint32_t (&a)[4],
-                                                 uint64_t b_desc, int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_RS_N80(".f16.f16");
-        else FAT_WGMMA_RS_N80(".bf16.bf16");
-    }
-};
-#undef FAT_WGMMA_SS_N80
-#undef FAT_WGMMA_RS_N80
-
-#define FAT_WGMMA_SS_N128(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"  \
-                 " %64, %65, p, 1, 1, 0, 0;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56)  \
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate))
-#define FAT_WGMMA_RS_N128(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"  \
-                 " {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56)  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
-template <> struct Wgmma<128> {
-    template <typename T>
-    static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a_desc, uint64_t b_desc,
-                                              int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_SS_N128(".f16.f16");
-        else FAT_WGMMA_SS_N128(".bf16.bf16");
-    }
-    template <typename T>
-    static __device__ __forceinline__ void rs_mn(float (&d)[64], const uint32_t (&a)[4],
-                                                 uint64_t b_desc, int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_RS_N128(".f16.f16");
-        else FAT_WGMMA_RS_N128(".bf16.bf16");
-    }
-};
-#undef FAT_WGMMA_SS_N128
-#undef FAT_WGMMA_RS_N128
-
-#define FAT_WGMMA_SS_N176(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n176k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-                 "%80, %81, %82, %83, %84, %85, %86, %87},"  \
-                 " %88, %89, p, 1, 1, 0, 0;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56), FAT_ACC8(d, 64), FAT_ACC8(d, 72), FAT_ACC8(d, 80)  \
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate))
-#define FAT_WGMMA_RS_N176(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %93, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n176k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-                 "%80, %81, %82, %83, %84, %85, %86, %87},"  \
-                 " {%88, %89, %90, %91}, %92, p, 1, 1, 1;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56), FAT_ACC8(d, 64), FAT_ACC8(d, 72), FAT_ACC8(d, 80)  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
-template <> struct Wgmma<176> {
-    template <typename T>
-    static __device__ __forceinline__ void ss(float (&d)[88], uint64_t a_desc, uint64_t b_desc,
-                                              int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_SS_N176(".f16.f16");
-        else FAT_WGMMA_SS_N176(".bf16.bf16");
-    }
-    template <typename T>
-    static __device__ __forceinline__ void rs_mn(float (&d)[88], const uint32_t (&a)[4],
-                                                 uint64_t b_desc, int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_RS_N176(".f16.f16");
-        else FAT_WGMMA_RS_N176(".bf16.bf16");
-    }
-};
-#undef FAT_WGMMA_SS_N176
-#undef FAT_WGMMA_RS_N176
-
-#define FAT_WGMMA_SS_N192(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n192k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},"  \
-                 " %96, %97, p, 1, 1, 0, 0;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56), FAT_ACC8(d, 64), FAT_ACC8(d, 72), FAT_ACC8(d, 80), FAT_ACC8(d, 88)  \
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate))
-#define FAT_WGMMA_RS_N192(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n192k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95},"  \
-                 " {%96, %97, %98, %99}, %100, p, 1, 1, 1;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56), FAT_ACC8(d, 64), FAT_ACC8(d, 72), FAT_ACC8(d, 80), FAT_ACC8(d, 88)  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
-template <> struct Wgmma<192> {
-    template <typename T>
-    static __device__ __forceinline__ void ss(float (&d)[96], uint64_t a_desc, uint64_t b_desc,
-                                              int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_SS_N192(".f16.f16");
-        else FAT_WGMMA_SS_N192(".bf16.bf16");
-    }
-    template <typename T>
-    static __device__ __forceinline__ void rs_mn(float (&d)[96], const uint32_t (&a)[4],
-                                                 uint64_t b_desc, int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_RS_N192(".f16.f16");
-        else FAT_WGMMA_RS_N192(".bf16.bf16");
-    }
-};
-#undef FAT_WGMMA_SS_N192
-#undef FAT_WGMMA_RS_N192
-
-#define FAT_WGMMA_SS_N256(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"  \
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"  \
-                 " %128, %129, p, 1, 1, 0, 0;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56), FAT_ACC8(d, 64), FAT_ACC8(d, 72), FAT_ACC8(d, 80), FAT_ACC8(d, 88), FAT_ACC8(d, 96), FAT_ACC8(d, 104), FAT_ACC8(d, 112), FAT_ACC8(d, 120)  \
-                 : "l"(a_desc), "l"(b_desc), "r"(accumulate))
-#define FAT_WGMMA_RS_N256(AB)  \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"  \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32" AB " {"  \
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"  \
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"  \
-                 " {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"  \
-                 : FAT_ACC8(d, 0), FAT_ACC8(d, 8), FAT_ACC8(d, 16), FAT_ACC8(d, 24), FAT_ACC8(d, 32), FAT_ACC8(d, 40), FAT_ACC8(d, 48), FAT_ACC8(d, 56), FAT_ACC8(d, 64), FAT_ACC8(d, 72), FAT_ACC8(d, 80), FAT_ACC8(d, 88), FAT_ACC8(d, 96), FAT_ACC8(d, 104), FAT_ACC8(d, 112), FAT_ACC8(d, 120)  \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
-template <> struct Wgmma<256> {
-    template <typename T>
-    static __device__ __forceinline__ void ss(float (&d)[128], uint64_t a_desc, uint64_t b_desc,
-                                              int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_SS_N256(".f16.f16");
-        else FAT_WGMMA_SS_N256(".bf16.bf16");
-    }
-    template <typename T>
-    static __device__ __forceinline__ void rs_mn(float (&d)[128], const uint32_t (&a)[4],
-                                                 uint64_t b_desc, int accumulate) {
-        if constexpr (kIsHalf<T>) FAT_WGMMA_RS_N256(".f16.f16");
-        else FAT_WGMMA_RS_N256(".bf16.bf16");
-    }
-};
-#undef FAT_WGMMA_SS_N256
-#undef FAT_WGMMA_RS_N256
-
-#undef FAT_ACC8
+#undef FAT_WGMMA_SHAPE
+#undef FAT_UNPAREN
+#undef FAT_WGMMA_RS
+#undef FAT_WGMMA_SS
+#undef FAT_WGMMA_ASM
+#undef FAT_STR
+#undef FAT_STR_
+#undef FAT_R0
+#undef FAT_R8
+#undef FAT_R16
+#undef FAT_R24
+#undef FAT_R32
+#undef FAT_R40
+#undef FAT_R48
+#undef FAT_R56
+#undef FAT_R64
+#undef FAT_R72
+#undef FAT_R80
+#undef FAT_R88
+#undef FAT_R96
+#undef FAT_R104
+#undef FAT_R112
+#undef FAT_R120
 
 } /* namespace sm90 */
 } /* namespace fat */

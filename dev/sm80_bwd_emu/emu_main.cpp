@@ -104,7 +104,8 @@ struct Tensor { /* 2-byte elements with strides */
 template <typename T> static float to_f(uint16_t b) { return fat::elem<T>::to_float(T{b}); }
 template <typename T> static uint16_t from_f(float f) { return fat::elem<T>::from_float(f).x; }
 
-template <typename T, int D> static bool run_problem(const Problem &pr, uint64_t seed) {
+template <typename T, class Cfg> static bool run_problem(const Problem &pr, uint64_t seed) {
+    constexpr int D = Cfg::D;
     const bool varlen = !pr.lens_q.empty();
     const int B = pr.b;
     std::vector<int> cu_q(B + 1, 0), cu_k(B + 1, 0);
@@ -253,18 +254,17 @@ template <typename T, int D> static bool run_problem(const Problem &pr, uint64_t
     emu::buffers.push_back({(const char *)cuk32.data(), cuk32.size() * 4});
 
     /* the launcher's sequence (fat::sm80_bwd without the CUDA runtime) */
-    using Cfg = fat::bwd80::BwdConfig<D>;
     const fat::bwd80::BwdArgs args = fat::bwd80::make_args(p, D);
     const int64_t row_items = args.rows_q * p.hq;
     const unsigned row_blocks = (unsigned)((row_items + 7) / 8);
     emu::shared_base = fat::bwd80::dkdv_smem;
     emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_prep_kernel<T, D>(args); });
     const unsigned kv_blocks = (unsigned)((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN * p.hkv * p.b);
-    emu::run_grid(kv_blocks, Cfg::kThreads, fat::bwd80::DkdvSmem<D>::kBytes, [&] { fat::bwd80::dkdv_kernel<T, D>(args); });
+    emu::run_grid(kv_blocks, Cfg::kThreads, fat::bwd80::DkdvSmem<Cfg>::kBytes, [&] { fat::bwd80::dkdv_kernel<T, Cfg>(args); });
     if (p.deterministic) {
         emu::shared_base = fat::bwd80::dq_smem;
         const unsigned q_blocks = (unsigned)((p.sq + Cfg::kQBlockM - 1) / Cfg::kQBlockM * p.hq * p.b);
-        emu::run_grid(q_blocks, Cfg::kQThreads, fat::bwd80::DqSmem<D>::kBytes, [&] { fat::bwd80::dq_kernel<T, D>(args); });
+        emu::run_grid(q_blocks, Cfg::kQThreads, fat::bwd80::DqSmem<Cfg>::kBytes, [&] { fat::bwd80::dq_kernel<T, Cfg>(args); });
     } else {
         emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
     }
@@ -299,18 +299,35 @@ template <typename T, int D> static bool run_problem(const Problem &pr, uint64_t
                max_err, rel, zero_bad, canary_bad, nan_bad, good ? "ok" : "FAIL");
         ok = ok && good;
     };
-    printf("[%s] D=%d %s\n", pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16");
+    printf("[%s] D=%d %s  tiles w%d k%d s%d m%d st%d\n", pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16",
+           Cfg::kWarps, Cfg::kKeyTiles, Cfg::kSplitD, Cfg::kBlockM, Cfg::kStages);
     check("dq", dq, rdq, pr.hq, pr.d, false);
     check("dk", dk, rdk, pr.hkv, pr.d, true);
     check("dv", dvt, rdv, pr.hkv, pr.dv, true);
     return ok;
 }
 
+template <class Cfg> static bool run_both(const Problem &pr, uint64_t seed) {
+    return pr.bf16 ? run_problem<__nv_bfloat16, Cfg>(pr, seed) : run_problem<__half, Cfg>(pr, seed);
+}
 template <int D> static bool run_both(const Problem &pr, uint64_t seed) {
-    return pr.bf16 ? run_problem<__nv_bfloat16, D>(pr, seed) : run_problem<__half, D>(pr, seed);
+    return run_both<fat::bwd80::BwdConfig<D>>(pr, seed);
 }
 
-static bool run_d(int D, const Problem &pr, uint64_t seed) {
+/* Tile variants of dev/sm80_bwd_bench.cu (Case::variant = 1 + index). */
+using fat::bwd80::BwdTiles;
+static bool run_variant(int D, int v, const Problem &pr, uint64_t seed) {
+    if (D == 128 && v == 0) return run_both<BwdTiles<128, 8, 2, 2, 64, 2>>(pr, seed);
+    if (D == 128 && v == 1) return run_both<BwdTiles<128, 8, 2, 4, 128, 2>>(pr, seed);
+    if (D == 128 && v == 2) return run_both<BwdTiles<128, 8, 1, 2, 128, 2>>(pr, seed);
+    if (D == 64 && v == 0) return run_both<BwdTiles<64, 8, 2, 2, 128, 1>>(pr, seed);
+    if (D == 64 && v == 1) return run_both<BwdTiles<64, 8, 1, 1, 128, 2>>(pr, seed);
+    if (D == 64 && v == 2) return run_both<BwdTiles<64, 8, 2, 1, 32, 2>>(pr, seed);
+    return false;
+}
+
+static bool run_d(int D, int variant, const Problem &pr, uint64_t seed) {
+    if (variant > 0) return run_variant(D, variant - 1, pr, seed);
     switch (D) {
     case 32: return run_both<32>(pr, seed);
     case 64: return run_both<64>(pr, seed);
@@ -325,7 +342,7 @@ static bool run_d(int D, const Problem &pr, uint64_t seed) {
 int main(int argc, char **argv) {
     emu::eager_copies = getenv("EMU_EAGER") != nullptr;
     const char *only = getenv("EMU_ONLY");
-    struct Case { int D; Problem pr; };
+    struct Case { int D; Problem pr; int variant = 0; };
     std::vector<Case> cases = {
         {64, {"dense causal gqa", false, 2, 70, 77, 4, 2, 64, 64, 1, -1, -1, 0, 0, {}, {}}},
         {64, {"dense causal gqa det", false, 2, 70, 77, 4, 2, 64, 64, 1, -1, -1, 0, 1, {}, {}}},
@@ -353,12 +370,23 @@ int main(int argc, char **argv) {
         {256, {"varlen bf16 causal det", true, 2, 0, 0, 2, 1, 256, 256, 1, -1, -1, 0, 1, {70, 3}, {140, 66}}},
         {96, {"varlen fp16 mixed", false, 3, 0, 0, 4, 2, 96, 96, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}},
         {96, {"varlen fp16 mixed det", false, 3, 0, 0, 4, 2, 96, 96, 0, -1, -1, 5.0, 1, {129, 1, 64}, {1, 129, 65}}},
+        /* tile variants on the multi-block / masked cases */
+        {128, {"var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 1},
+        {128, {"var varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 1},
+        {128, {"var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 2},
+        {128, {"var varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 2},
+        {128, {"var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 3},
+        {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 1},
+        {64, {"var varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 1},
+        {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 2},
+        {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 3},
+        {64, {"var varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 3},
     };
     int failures = 0, n = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
         if (only && cases[i].pr.name.find(only) == std::string::npos) continue;
         ++n;
-        if (!run_d(cases[i].D, cases[i].pr, 1000 + i)) ++failures;
+        if (!run_d(cases[i].D, cases[i].variant, cases[i].pr, 1000 + i)) ++failures;
     }
     printf("%d passed, %d failed\n", n - failures, failures);
     return failures != 0;
