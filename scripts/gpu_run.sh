@@ -5,12 +5,17 @@
 #   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone)
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
+#   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
 #   SEGV_DIAG=1             dev/segv_diag/diag.py (the ValueError crash)
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
 #                           scripts/sanitize_small.py
-#   BENCH="bench.py args"   e.g. BENCH="--suite fa3 --impl fat-sm80 sdpa-flash2"
+#   TESTS_SM80="pytest args"  the same with FLASH_ATTN_T_BACKEND=sm80 (mma.sync only)
+#   BENCH="bench.py args"   e.g. BENCH="--impl fat-sm80 sdpa-flash2"; with
+#   BENCH_SUITES="fa3 gqa"  run once per suite (default: BENCH as given)
+#   TRAIN="train_llama.py args"   the end-to-end training benchmark
+#   TESTS_LATE="pytest args"  a last test run (slow ones, after the benchmarks)
 #   FLASH_ATTN_T_HEADDIMS / FLASH_ATTN_T_CUDA_ARCHS   restrict the build
 # Every step's log goes to $OUT/logs; everything is packed into
 # $OUT/results.tgz (few files come back from the machine).
@@ -44,12 +49,18 @@ fi
 if [ -n "${SM80_FWD_BENCH:-}" ]; then
   step sm80_fwd_bench_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
     dev/sm80_fwd_bench.cu csrc/fat_common.c -o /tmp/sm80_fwd_bench &&
-    TAIL=70 step sm80_fwd_bench timeout 120 /tmp/sm80_fwd_bench
+    for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
+      [ "$shape" = all ] && args="" || args="${shape/x/ }"
+      TAIL=70 step "sm80_fwd_bench_$shape" timeout 120 /tmp/sm80_fwd_bench $args
+    done
 fi
 if [ -n "${SM80_BWD_BENCH:-}" ]; then
   step sm80_bwd_bench_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
     dev/sm80_bwd_bench.cu csrc/fat_common.c -o /tmp/sm80_bwd_bench &&
-    TAIL=70 step sm80_bwd_bench timeout 120 /tmp/sm80_bwd_bench
+    for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
+      [ "$shape" = all ] && args="" || args="${shape/x/ }"
+      TAIL=70 step "sm80_bwd_bench_$shape" timeout 120 /tmp/sm80_bwd_bench $args
+    done
 fi
 step build python3 -m pip install --no-build-isolation -e . -v || exit 1
 if [ -n "${SEGV_DIAG:-}" ]; then
@@ -67,11 +78,28 @@ step main python3 -m flash_attn_t --seqlen 1024
 if [ -n "${TESTS:-}" ]; then
   TAIL=40 step tests timeout 300 python3 -m pytest -q -p no:cacheprovider $TESTS
 fi
+if [ -n "${TESTS_SM80:-}" ]; then
+  TAIL=20 FLASH_ATTN_T_BACKEND=sm80 step tests_sm80 timeout 300 python3 -m pytest -q -p no:cacheprovider $TESTS_SM80
+fi
 if [ -n "${SANITIZE:-}" ]; then
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     TAIL=6 step "sanitize_$tool" compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py
+  done
+  for tool in ${SANITIZE_SM80_TOOLS:-memcheck racecheck}; do  # sm80 forward too (auto: sm90a)
+    TAIL=6 FLASH_ATTN_T_BACKEND=sm80 step "sanitize_sm80_$tool" compute-sanitizer --tool $tool \
+      --error-exitcode 3 python3 scripts/sanitize_small.py
   done
 fi
 if [ -n "${BENCH:-}" ]; then
-  TAIL=60 step bench timeout 200 python3 benchmarks/bench.py --device cuda --out "$OUT/res" $BENCH
+  for suite in ${BENCH_SUITES:-as_given}; do
+    [ "$suite" = as_given ] && suite_arg="" || suite_arg="--suite $suite"
+    TAIL=40 step "bench_$suite" timeout 300 python3 benchmarks/bench.py --device cuda \
+      --out "$OUT/res" $suite_arg $BENCH
+  done
+fi
+if [ -n "${TRAIN:-}" ]; then
+  TAIL=30 step train timeout 300 python3 benchmarks/train_llama.py --device cuda --out "$OUT/res" $TRAIN
+fi
+if [ -n "${TESTS_LATE:-}" ]; then
+  TAIL=25 step tests_late timeout 240 python3 -m pytest -q -p no:cacheprovider $TESTS_LATE
 fi

@@ -82,7 +82,8 @@ struct Sm80FwdTiles {
  * H200 among those that fit 255 registers without spilling (benchmarks/
  * NOTES.md, "sm80 forward"). */
 template <int D> struct Sm80FwdConfig
-    : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), ((D <= 64 || D == 192) ? 64 : 32)> {};
+    : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), ((D <= 64 || D == 128 || D == 192) ? 64 : 32), false,
+                   kFwdExp2Fma> {};
 
 /* What every CTA needs besides fat_params, computed once on the host. */
 struct Sm80FwdArgs {
