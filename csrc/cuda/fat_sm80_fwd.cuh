@@ -78,9 +78,10 @@ struct Sm80FwdTiles {
     static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
 };
 
-/* The configuration each head dim runs with: the fastest measured on an
- * H200 among those that fit 255 registers without spilling (benchmarks/
- * NOTES.md, "sm80 forward"). */
+/* The configuration each head dim runs with: no spills at 255 registers,
+ * FA2's exp2 form; the choice and its H200 measurements are in
+ * benchmarks/NOTES.md ("sm80 forward"; dev/sm80_fwd_bench.cu times the
+ * alternatives). */
 template <int D> struct Sm80FwdConfig
     : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), ((D <= 64 || D == 128 || D == 192) ? 64 : 32), false,
                    kFwdExp2Fma> {};
