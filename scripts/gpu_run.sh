@@ -46,22 +46,18 @@ if [ -n "${SM90_CHECK:-}" ]; then
     dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_check &&
     TAIL=60 step sm90_check timeout 120 /tmp/sm90_check $SM90_CHECK_ARGS
 fi
-if [ -n "${SM80_FWD_BENCH:-}" ]; then
-  step sm80_fwd_bench_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
-    dev/sm80_fwd_bench.cu csrc/fat_common.c -o /tmp/sm80_fwd_bench &&
-    for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
-      [ "$shape" = all ] && args="" || args="${shape/x/ }"
-      TAIL=70 step "sm80_fwd_bench_$shape" timeout 120 /tmp/sm80_fwd_bench $args
-    done
-fi
-if [ -n "${SM80_BWD_BENCH:-}" ]; then
-  step sm80_bwd_bench_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
-    dev/sm80_bwd_bench.cu csrc/fat_common.c -o /tmp/sm80_bwd_bench &&
-    for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
-      [ "$shape" = all ] && args="" || args="${shape/x/ }"
-      TAIL=70 step "sm80_bwd_bench_$shape" timeout 120 /tmp/sm80_bwd_bench $args
-    done
-fi
+# dev/sm80_<pass>_bench.cu: build, then time at each shape ("all" = its grid)
+sm80_bench() {
+  local pass=$1
+  step "sm80_${pass}_bench_build" nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a \
+    -Icsrc "dev/sm80_${pass}_bench.cu" csrc/fat_common.c -o "/tmp/sm80_${pass}_bench" || return
+  for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
+    [ "$shape" = all ] && args="" || args="${shape/x/ }"
+    TAIL=70 step "sm80_${pass}_bench_$shape" timeout 120 "/tmp/sm80_${pass}_bench" $args
+  done
+}
+[ -n "${SM80_FWD_BENCH:-}" ] && sm80_bench fwd
+[ -n "${SM80_BWD_BENCH:-}" ] && sm80_bench bwd
 step build python3 -m pip install --no-build-isolation -e . -v || exit 1
 if [ -n "${SEGV_DIAG:-}" ]; then
   TAIL=40 step segv_diag timeout 200 python3 dev/segv_diag/diag.py
