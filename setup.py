@@ -72,12 +72,53 @@ def cuda_sources_and_flags():
     return sources, defines, nvcc
 
 
+def links_libstdcxx_statically(linker, tmpdir):
+    """True when `linker -shared` copies libstdc++ into a C++ shared object (a gcc
+    without a shared libstdc++, or with -static-libstdc++ in its specs): checked by
+    linking a one-function library that formats a number and asking whether it
+    defines std::ostream's number inserter itself."""
+    src, lib = os.path.join(tmpdir, "probe_stdcxx.cpp"), os.path.join(tmpdir, "probe_stdcxx.so")
+    with open(src, "w") as f:
+        f.write("#include <sstream>\nstd::string probe(long x) { std::ostringstream s; s << x; "
+                "return s.str(); }\n")
+    try:
+        subprocess.run([linker, "-shared", "-fPIC", src, "-o", lib], check=True,
+                       capture_output=True)
+        defined = subprocess.run(["nm", "-D", "--defined-only", lib], check=True,
+                                 capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return False  # cannot tell: link as the toolchain does
+    return "_ZNSo9_M_insertIlEERSoT_" in defined  # std::ostream::_M_insert<long>
+
+
+def loaded_libstdcxx():
+    """Path of the libstdc++.so.6 this process (Python with torch) has loaded, or None."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libstdc++.so" in line}
+    except OSError:
+        return None
+    return sorted(paths)[0] if paths else None
+
+
 class BuildWithCCore(BuildExtension):
     """BuildExtension compiles every source with the C++ compiler; the core is C,
-    so compile it with the C compiler first and link its objects in."""
+    so compile it with the C compiler first and link its objects in.
+
+    A second copy of libstdc++ linked statically into _C beside the libstdc++.so.6
+    that torch runs with crashes the first time a number is formatted into an error
+    message (the two copies' locale facet ids disagree; seen with a gcc under /opt/gcc
+    on the H200 machine): such a toolchain links _C against the loaded libstdc++.so.6."""
 
     def build_extensions(self):
         os.makedirs(self.build_temp, exist_ok=True)
+        # distutils links C++ extensions with the C++ compiler's driver
+        linker = (getattr(self.compiler, "compiler_cxx", None) or self.compiler.linker_so)[0]
+        shared = loaded_libstdcxx()
+        if shared and links_libstdcxx_statically(linker, self.build_temp):
+            print(f"{linker} links libstdc++ statically; linking _C against {shared}")
+            for ext in self.extensions:
+                ext.extra_link_args.insert(0, shared)
         headers = glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True)
         for ext in self.extensions:
             for src in C_CORE:

@@ -734,6 +734,10 @@ def write_md(path, suite, meta, rows):
 
 
 def git_commit():
+    """HEAD of this checkout; FLASH_ATTN_T_COMMIT where the copy has no git history (the lent
+    GPU machine's copy of the working tree)."""
+    if os.environ.get("FLASH_ATTN_T_COMMIT"):
+        return os.environ["FLASH_ATTN_T_COMMIT"]
     try:
         return subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip() or None

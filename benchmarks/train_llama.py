@@ -5,6 +5,7 @@ attn_implementation = flash_attn_t / sdpa / eager: tokens/s and peak memory.
     python benchmarks/train_llama.py [--device cuda|cpu] [--seqlens 2048 8192] [--tokens 16384]
                                      [--impls flash_attn_t sdpa eager] [--warmup 3] [--steps 10]
                                      [--precision bf16|autocast] [--kv-heads 12] [--out DIR]
+                                     [--watchdog SECONDS]
     python benchmarks/train_llama.py --quick --device cpu --out /tmp/tl    # smoke test (seconds)
 
 Model (built from a LlamaConfig, randomly initialised, nothing downloaded): vocab 32000,
@@ -28,6 +29,7 @@ prints the table; the JSON is rewritten after every configuration.
 """
 import argparse
 import datetime
+import faulthandler
 import json
 import math
 import os
@@ -68,6 +70,9 @@ def parse_args(argv=None):
     ap.add_argument("--kv-heads", type=int, default=None,
                     help="key/value heads (default: = attention heads, i.e. no GQA)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--watchdog", type=float, default=0.0,
+                    help="print every thread's Python stack each this many seconds that one "
+                         "configuration runs (0: off)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args(argv)
     if a.device is None:
@@ -293,6 +298,8 @@ def main(argv=None):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             t0 = time.time()
+            if args.watchdog > 0:
+                faulthandler.dump_traceback_later(args.watchdog, repeat=True)
             if impl == "flash_attn_t" and bench.fat is None:
                 row["status"] = "skipped: flash_attn_t unavailable (%s)" % bench.FAT_ERROR
             else:
@@ -307,15 +314,16 @@ def main(argv=None):
                                                                 300)
                     if device.type == "cuda":
                         row["peak_bytes_before_failure"] = torch.cuda.max_memory_allocated(device)
+            faulthandler.cancel_dump_traceback_later()
             bench.free_mem(device)  # the failed configuration's tensors die with the frame
             row["wall_s"] = time.time() - t0
             rows.append(row)
             ok = row["status"] == "ok"
-            print("  seqlen %5d batch %3d %-12s %s" % (
+            print("  seqlen %5d batch %3d %-12s %s  (%.1f s)" % (
                 seqlen, row["batch"], impl,
                 ("%9.0f tokens/s  %8.1f ms/step  peak %s GiB  loss %.4f -> %.4f" % (
                     row["tokens_per_s"], row["step_ms"], gib(row.get("peak_bytes")),
-                    row["loss_first"], row["loss_last"])) if ok else row["status"]))
+                    row["loss_first"], row["loss_last"])) if ok else row["status"], row["wall_s"]))
             sys.stdout.flush()
             with open(jpath, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)

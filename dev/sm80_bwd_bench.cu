@@ -63,20 +63,20 @@ int main(int argc, char **argv) {
     /* name: warps, key tiles per warp, split of D, query block, stages */
     const Variant variants[] = {
         variant<BwdConfig<128>>("d128 default"),
-        variant<BwdTiles<128, 8, 2, 2, 64, 2>>("d128 w8 k2 s2 m64 st2"),
+        variant<BwdCompact<128>::type>("d128 compact (A100)"),
         variant<BwdTiles<128, 8, 2, 2, 64, 1>>("d128 w8 k2 s2 m64 st1"),
         variant<BwdTiles<128, 8, 2, 4, 128, 2>>("d128 w8 k2 s4 m128 st2"),
         variant<BwdTiles<128, 8, 1, 2, 128, 2>>("d128 w8 k1 s2 m128 st2"),
         variant<BwdTiles<128, 8, 2, 4, 64, 2>>("d128 w8 k2 s4 m64 st2"),
         variant<BwdConfig<64>>("d64 default"),
+        variant<BwdTiles<64, 8, 1, 1, 64, 2>>("d64 w8 k1 s1 m64 st2"),
         variant<BwdTiles<64, 8, 1, 1, 128, 2>>("d64 w8 k1 s1 m128 st2"),
         variant<BwdTiles<64, 8, 2, 2, 128, 2>>("d64 w8 k2 s2 m128 st2"),
         variant<BwdTiles<64, 8, 2, 2, 128, 1>>("d64 w8 k2 s2 m128 st1"),
         variant<BwdTiles<64, 8, 2, 2, 64, 2>>("d64 w8 k2 s2 m64 st2"),
-        variant<BwdTiles<64, 8, 2, 1, 32, 2>>("d64 w8 k2 s1 m32 st2"),
     };
     const int tokens = 16384, hidden = 2048;
-    const int seqlens[] = {1024, 4096, 16384};
+    const int seqlens[] = {1024, 2048, 4096, 16384};
     printf("%-24s %6s %6s %9s %8s %9s %9s %9s\n", "variant", "seqlen", "causal", "ms", "TFLOPS",
            "dq diff", "dk diff", "dv diff");
     for (int d : {128, 64}) {

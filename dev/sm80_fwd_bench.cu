@@ -47,6 +47,7 @@ int main(int argc, char **argv) {
     const int only_d = argc > 2 ? atoi(argv[1]) : 0, only_s = argc > 2 ? atoi(argv[2]) : 0;
     using namespace fat;
     const Variant variants[] = {
+        variant<Sm80FwdConfig<128>>("d128 default"),
         variant<Sm80FwdTiles<128, 4, 2, 32>>("d128 w4 mt2 n32"),
         variant<Sm80FwdTiles<128, 4, 2, 64>>("d128 w4 mt2 n64"),
         variant<Sm80FwdTiles<128, 8, 1, 64>>("d128 w8 mt1 n64"),
@@ -63,6 +64,7 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d128 w4 mt2 n64 exp2 lazy halfs"),
         variant<Sm80FwdTiles<128, 4, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d128 w4 mt1 n64 qreg exp2 lazy split 3cta"),
         variant<Sm80FwdTiles<128, 4, 1, 32, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d128 w4 mt1 n32 qreg exp2 lazy split 3cta"),
+        variant<Sm80FwdConfig<64>>("d64 default"),
         variant<Sm80FwdTiles<64, 4, 2, 64>>("d64 w4 mt2 n64"),
         variant<Sm80FwdTiles<64, 4, 2, 128>>("d64 w4 mt2 n128"),
         variant<Sm80FwdTiles<64, 8, 1, 64, true>>("d64 w8 mt1 n64 qreg"),
@@ -77,7 +79,7 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<64, 8, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d64 w8 mt1 n64 qreg exp2 lazy split 2cta"),
     };
     const int tokens = 16384, hidden = 2048;
-    const int seqlens[] = {1024, 4096, 16384};
+    const int seqlens[] = {1024, 2048, 4096, 16384};
     printf("%-44s %6s %6s %9s %8s %10s\n", "variant", "seqlen", "causal", "ms", "TFLOPS", "maxdiff");
     for (int d : {128, 64}) {
         for (int s : seqlens) {

@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
 # One full call on the lent GPU machine: build the extension with that
 # machine's torch, run the main command, then whatever the environment asks:
-#   TESTS="pytest args"     e.g. TESTS="-k cuda tests"   (GPU test suite)
+#   TESTS="pytest args"     e.g. TESTS="-k cuda tests"   (GPU test suite; TESTS_TIMEOUT s)
 #   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone)
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
-#   SEGV_DIAG=1             dev/segv_diag/diag.py (the ValueError crash)
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
 #                           scripts/sanitize_small.py
 #   TESTS_SM80="pytest args"  the same with FLASH_ATTN_T_BACKEND=sm80 (mma.sync only)
 #   BENCH="bench.py args"   e.g. BENCH="--impl fat-sm80 sdpa-flash2"; with
-#   BENCH_SUITES="fa3 gqa"  run once per suite (default: BENCH as given)
-#   TRAIN="train_llama.py args"   the end-to-end training benchmark
+#   BENCH_SUITES="fa3 gqa:90"  run once per suite[:timeout s] (default: BENCH as given)
+#   TRAIN="train_llama.py args"   the end-to-end training benchmark (TRAIN_TIMEOUT s)
 #   TESTS_LATE="pytest args"  a last test run (slow ones, after the benchmarks)
 #   FLASH_ATTN_T_HEADDIMS / FLASH_ATTN_T_CUDA_ARCHS   restrict the build
 # Every step's log goes to $OUT/logs; everything is packed into
@@ -41,16 +40,22 @@ trap pack EXIT
 
 step env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv;
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"'
-if [ -n "${SM90_CHECK:-}" ]; then
-  step sm90_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
-    dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_check &&
-    TAIL=60 step sm90_check timeout 120 /tmp/sm90_check $SM90_CHECK_ARGS
-fi
-# dev/sm80_<pass>_bench.cu: build, then time at each shape ("all" = its grid)
+# The standalone dev tools build (one nvcc process each) beside the extension.
+dev_build() {  # name source
+  step "$1_build" nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
+    "$2" csrc/fat_common.c -o "/tmp/$1"
+}
+[ -n "${SM90_CHECK:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & }
+[ -n "${SM80_FWD_BENCH:-}" ] && { dev_build sm80_fwd_bench dev/sm80_fwd_bench.cu & }
+[ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & }
+step build python3 -m pip install --no-build-isolation -e . -v || exit 1
+wait
+# which libstdc++ _C uses (setup.py: a toolchain that links it statically is redirected)
+step libstdcxx bash -c 'grep "links libstdc++" "$0"; ldd flash_attn_t/_C*.so | grep stdc' "$LOGS/build.log"
+# dev/sm80_<pass>_bench: time at each shape ("all" = its grid)
 sm80_bench() {
   local pass=$1
-  step "sm80_${pass}_bench_build" nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a \
-    -Icsrc "dev/sm80_${pass}_bench.cu" csrc/fat_common.c -o "/tmp/sm80_${pass}_bench" || return
+  [ -x "/tmp/sm80_${pass}_bench" ] || return
   for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
     [ "$shape" = all ] && args="" || args="${shape/x/ }"
     TAIL=70 step "sm80_${pass}_bench_$shape" timeout 120 "/tmp/sm80_${pass}_bench" $args
@@ -58,10 +63,8 @@ sm80_bench() {
 }
 [ -n "${SM80_FWD_BENCH:-}" ] && sm80_bench fwd
 [ -n "${SM80_BWD_BENCH:-}" ] && sm80_bench bwd
-step build python3 -m pip install --no-build-isolation -e . -v || exit 1
-if [ -n "${SEGV_DIAG:-}" ]; then
-  TAIL=40 step segv_diag timeout 200 python3 dev/segv_diag/diag.py
-fi
+[ -n "${SM90_CHECK:-}" ] && [ -x /tmp/sm90_check ] &&
+  TAIL=60 step sm90_check timeout 150 /tmp/sm90_check $SM90_CHECK_ARGS
 NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 if [ -n "${NCU:-}" ]; then
   [ -x /tmp/sm80_fwd_bench ] && TAIL=3 step ncu_fwd ncu --clock-control none $NCU_SECTIONS \
@@ -72,7 +75,7 @@ fi
 grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20
 step main python3 -m flash_attn_t --seqlen 1024
 if [ -n "${TESTS:-}" ]; then
-  TAIL=40 step tests timeout 300 python3 -m pytest -q -p no:cacheprovider $TESTS
+  TAIL=40 step tests timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $TESTS
 fi
 if [ -n "${TESTS_SM80:-}" ]; then
   TAIL=20 FLASH_ATTN_T_BACKEND=sm80 step tests_sm80 timeout 300 python3 -m pytest -q -p no:cacheprovider $TESTS_SM80
@@ -87,14 +90,15 @@ if [ -n "${SANITIZE:-}" ]; then
   done
 fi
 if [ -n "${BENCH:-}" ]; then
-  for suite in ${BENCH_SUITES:-as_given}; do
+  for entry in ${BENCH_SUITES:-as_given}; do  # suite or suite:seconds (default 300)
+    suite=${entry%%:*}; limit=300; [ "$entry" != "$suite" ] && limit=${entry#*:}
     [ "$suite" = as_given ] && suite_arg="" || suite_arg="--suite $suite"
-    TAIL=40 step "bench_$suite" timeout 300 python3 benchmarks/bench.py --device cuda \
+    TAIL=40 step "bench_$suite" timeout "$limit" python3 benchmarks/bench.py --device cuda \
       --out "$OUT/res" $suite_arg $BENCH
   done
 fi
 if [ -n "${TRAIN:-}" ]; then
-  TAIL=30 step train timeout 300 python3 benchmarks/train_llama.py --device cuda --out "$OUT/res" $TRAIN
+  TAIL=30 step train timeout ${TRAIN_TIMEOUT:-300} python3 benchmarks/train_llama.py --device cuda --out "$OUT/res" $TRAIN
 fi
 if [ -n "${TESTS_LATE:-}" ]; then
   TAIL=25 step tests_late timeout 240 python3 -m pytest -q -p no:cacheprovider $TESTS_LATE

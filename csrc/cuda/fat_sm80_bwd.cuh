@@ -58,6 +58,8 @@
 #include <limits.h>
 #include <math.h>
 
+#include <type_traits>
+
 #include "fat_cuda_internal.h"
 #include "fat_sm80_primitives.cuh"
 
@@ -122,11 +124,22 @@ struct BwdTiles {
     static_assert(D % 32 == 0 && D <= FAT_MAX_HEAD_DIM, "compiled head dims");
 };
 
-/* The configuration each head dim runs with.  D >= 192 single-buffers Q / dO
- * to fit an A100's shared memory. */
+/* The configuration each head dim runs with.  D = 128: 32-key warp tiles,
+ * two warps splitting the query columns / head dims (128 keys per CTA);
+ * D = 64: 32-key warp tiles over 32-row query blocks (256 keys per CTA): the
+ * fastest of dev/sm80_bwd_bench.cu's variants on an H200 (benchmarks/NOTES.md
+ * "sm80 backward").  D >= 192 single-buffers Q / dO to fit an A100's shared
+ * memory; D = 32, 96 are unmeasured. */
 template <int D>
-struct BwdConfig : BwdTiles<D, 8, 1, (D >= 192 ? 2 : 1), (D <= 32 ? 128 : 64),
-                            (D >= 192 ? 1 : 2)> {};
+struct BwdConfig
+    : BwdTiles<D, 8, (D == 64 || D == 128) ? 2 : 1, (D == 128 || D >= 192) ? 2 : 1,
+               D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2> {};
+
+/* Where BwdConfig<D> needs more shared memory than the device has (D = 128:
+ * 177 KB, an A100 has 163 KB), the backward runs with BwdCompact<D>::type,
+ * 16-key warp tiles (160 KB).  Other head dims fit everywhere. */
+template <int D> struct BwdCompact { using type = BwdConfig<D>; };
+template <> struct BwdCompact<128> { using type = BwdTiles<128, 8, 1, 1, 64, 2>; };
 
 /* Byte offsets of dkdv_kernel's shared memory (all multiples of 16). */
 template <class Cfg> struct DkdvSmem {
@@ -1160,7 +1173,14 @@ fat_status sm80_bwd_tiles(const fat_params &p, cudaStream_t stream) {
 }
 
 template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream_t stream) {
-    return sm80_bwd_tiles<T, bwd80::BwdConfig<D>>(p, stream);
+    using Fast = bwd80::BwdConfig<D>;
+    using Compact = typename bwd80::BwdCompact<D>::type;
+    if constexpr (!std::is_same<Fast, Compact>::value) {
+        const int limit = bwd80::smem_optin_limit();
+        if (limit >= 0 && bwd80::DkdvSmem<Fast>::kBytes > limit)
+            return sm80_bwd_tiles<T, Compact>(p, stream);
+    }
+    return sm80_bwd_tiles<T, Fast>(p, stream);
 }
 
 } /* namespace fat */

@@ -78,13 +78,21 @@ struct Sm80FwdTiles {
     static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
 };
 
-/* The configuration each head dim runs with: no spills at 255 registers,
- * FA2's exp2 form; the choice and its H200 measurements are in
- * benchmarks/NOTES.md ("sm80 forward"; dev/sm80_fwd_bench.cu times the
- * alternatives). */
+/* Keys per block for each head dim, and the flags that go with them: the
+ * fastest of dev/sm80_fwd_bench.cu's variants on an H200 (16k tokens, hidden
+ * 2048; benchmarks/NOTES.md "sm80 forward" has the table): 128 x 48 tiles with
+ * lazy rescaling at D = 128, 128 x 96 at D = 64.  Unmeasured head dims keep
+ * the 64 / 32 key blocks that fit 255 registers without spills. */
+constexpr int sm80_fwd_block_n(int d) {
+    return d == 64 ? 96 : d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
+}
+constexpr int sm80_fwd_flags(int d) {
+    return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0);
+}
+
+/* The configuration each head dim runs with: no spills at 255 registers. */
 template <int D> struct Sm80FwdConfig
-    : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), ((D <= 64 || D == 128 || D == 192) ? 64 : 32), false,
-                   kFwdExp2Fma> {};
+    : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), sm80_fwd_block_n(D), false, sm80_fwd_flags(D)> {};
 
 /* What every CTA needs besides fat_params, computed once on the host. */
 struct Sm80FwdArgs {

@@ -320,6 +320,7 @@ static bool run_variant(int D, int v, const Problem &pr, uint64_t seed) {
     if (D == 128 && v == 0) return run_both<BwdTiles<128, 8, 2, 2, 64, 2>>(pr, seed);
     if (D == 128 && v == 1) return run_both<BwdTiles<128, 8, 2, 4, 128, 2>>(pr, seed);
     if (D == 128 && v == 2) return run_both<BwdTiles<128, 8, 1, 2, 128, 2>>(pr, seed);
+    if (D == 128 && v == 3) return run_both<fat::bwd80::BwdCompact<128>::type>(pr, seed);
     if (D == 64 && v == 0) return run_both<BwdTiles<64, 8, 2, 2, 128, 1>>(pr, seed);
     if (D == 64 && v == 1) return run_both<BwdTiles<64, 8, 1, 1, 128, 2>>(pr, seed);
     if (D == 64 && v == 2) return run_both<BwdTiles<64, 8, 2, 1, 32, 2>>(pr, seed);
@@ -376,6 +377,9 @@ int main(int argc, char **argv) {
         {128, {"var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 2},
         {128, {"var varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 2},
         {128, {"var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 3},
+        /* BwdCompact<128> (devices with less shared memory than BwdConfig<128> needs) */
+        {128, {"compact dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 4},
+        {128, {"compact varlen window softcap det", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 1, {5, 130, 64}, {17, 100, 64}}, 4},
         {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 1},
         {64, {"var varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 1},
         {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 2},
