@@ -3,6 +3,7 @@
 
     python benchmarks/bench.py [--suite fa3|gqa|varlen|long|all] [--quick]
                                [--device cpu|cuda] [--impl ...] [--out benchmarks/results]
+    python benchmarks/bench.py --suite fa3 --merge a/fa3.json b/fa3.json   # partial runs -> one
 
 See benchmarks/README.md.  Results: <out>/<gpu-slug|cpu>/<suite>.{json,md,png}.
 """
@@ -690,7 +691,7 @@ def write_md(path, suite, meta, rows):
     lines = ["# flash_attn_t benchmark: %s" % suite, "",
              "gpu: %s | torch %s | cuda %s | driver %s | commit %s | %s" %
              (meta["gpu"], meta["torch"], meta["cuda"], meta["driver"], meta["git_commit"],
-              meta["date"]), "", "`%s`" % meta["command"], "",
+              meta["date"]), "", *["`%s`" % c for c in meta.get("commands", [meta["command"]])], "",
              "TFLOPS (fwd = 4·H·D·visible pairs; bwd = 2.5x, fwdbwd = 3.5x). "
              "ratio = best flash_attn_t path / best alternative.", ""]
     for op in OPS:
@@ -788,6 +789,10 @@ def parse_args(argv=None):
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--plot", action="store_true", help="plots even with --quick (off there)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="no measuring: merge these result files of one --suite (partial runs; "
+                         "a later file's row replaces an earlier one's for the same impl, op "
+                         "and point) and write its json, md and plots under --out")
     a = ap.parse_args(argv)
     if a.suite is None:
         a.suite = "all" if a.quick else "fa3"
@@ -797,8 +802,63 @@ def parse_args(argv=None):
     return a
 
 
+ROW_KEY = ("impl", "op", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim",
+           "causal", "window", "avg_seqlen", "dtype")
+
+
+def write_suite(suite, meta, rows, outdir, plots):
+    """<outdir>/<suite>.json and .md, and the plots; returns the paths written."""
+    jpath, mpath = os.path.join(outdir, suite + ".json"), os.path.join(outdir, suite + ".md")
+    with open(jpath, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    write_md(mpath, suite, meta, rows)
+    written = [jpath, mpath]
+    if plots:
+        try:
+            import plot  # benchmarks/plot.py (benchmarks/ is sys.path[0])
+            written += plot.plot_suite(suite, rows, outdir, meta)
+        except ImportError as e:
+            print("plots skipped (%s)" % short(e, 100))
+        except Exception as e:
+            print("plots failed: %s" % short(e))
+    return written
+
+
+def merge(args):
+    """--merge: one suite's result files -> one result (rows in first-seen point order)."""
+    if args.suite in (None, "all"):
+        print("error: --merge needs --suite fa3|gqa|varlen|long", file=sys.stderr)
+        return 2
+    metas, rows, index = [], [], {}
+    for path in args.merge:
+        with open(path) as f:
+            d = json.load(f)
+        metas.append(d["meta"])
+        for r in d["rows"]:
+            k = tuple(json.dumps(r.get(f)) for f in ROW_KEY)
+            if k in index:
+                rows[index[k]] = r
+            else:
+                index[k] = len(rows)
+                rows.append(r)
+    # the suites' own point order: head dim, mask, length (stable: impls keep their order)
+    rows.sort(key=lambda r: (r["head_dim"], r["causal"], r.get("avg_seqlen") or r["seqlen_q"]))
+    meta = dict(metas[0])
+    meta["commands"] = [m["command"] for m in metas]
+    meta["git_commits"] = [m.get("git_commit") for m in metas]
+    meta["dates"] = [m.get("date") for m in metas]
+    outdir = os.path.join(args.out, slug(meta["gpu"]) if meta.get("gpu") else "cpu")
+    os.makedirs(outdir, exist_ok=True)
+    print("merged %d rows from %d files: wrote %s" % (
+        len(rows), len(args.merge),
+        ", ".join(write_suite(args.suite, meta, rows, outdir, not args.no_plot))))
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.merge:
+        return merge(args)
     if args.device is None:
         args.device = "cpu" if args.quick or not torch.cuda.is_available() else "cuda"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -886,18 +946,8 @@ def main(argv=None):
                 if not ok and oom:
                     print("  nothing fits at S=%d: stopping the long suite" % p["seqlen_q"])
                     break
-        with open(jpath, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        write_md(os.path.join(outdir, suite + ".md"), suite, meta, rows)
-        written = [jpath, os.path.join(outdir, suite + ".md")]
-        if not args.no_plot and (args.plot or not args.quick):
-            try:
-                import plot  # benchmarks/plot.py (benchmarks/ is sys.path[0])
-                written += plot.plot_suite(suite, rows, outdir, meta)
-            except ImportError as e:
-                print("plots skipped (%s)" % short(e, 100))
-            except Exception as e:
-                print("plots failed: %s" % short(e))
+        written = write_suite(suite, meta, rows, outdir,
+                              not args.no_plot and (args.plot or not args.quick))
         print("\nwrote " + ", ".join(written))
     print("\ndone in %.1f s" % (time.time() - t_start))
     if fat is None:
