@@ -790,11 +790,12 @@ def parse_args(argv=None):
     ap.add_argument("--plot", action="store_true", help="plots even with --quick (off there)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                    help="no measuring: merge these result files of one --suite (partial runs; "
+                    help="no measuring: merge these result files of one suite (--suite, or "
+                         "their common name <suite>.json; partial runs; "
                          "a later file's row replaces an earlier one's for the same impl, op "
                          "and point) and write its json, md and plots under --out")
     a = ap.parse_args(argv)
-    if a.suite is None:
+    if a.suite is None and not a.merge:
         a.suite = "all" if a.quick else "fa3"
     if a.impl:
         a.impl = [x for s in a.impl for x in s.split(",") if x]
@@ -826,8 +827,12 @@ def write_suite(suite, meta, rows, outdir, plots):
 
 def merge(args):
     """--merge: one suite's result files -> one result (rows in first-seen point order)."""
-    if args.suite in (None, "all"):
-        print("error: --merge needs --suite fa3|gqa|varlen|long", file=sys.stderr)
+    if args.suite is None:  # from the file names, as bench.py writes them (<suite>.json)
+        names = {os.path.splitext(os.path.basename(p))[0] for p in args.merge}
+        args.suite = names.pop() if len(names) == 1 else None
+    if args.suite not in ("fa3", "gqa", "varlen", "long"):
+        print("error: --merge needs --suite fa3|gqa|varlen|long (or files named <suite>.json)",
+              file=sys.stderr)
         return 2
     metas, rows, index = [], [], {}
     for path in args.merge:
