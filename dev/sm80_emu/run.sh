@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh - builds and runs the host emulator of the sm80 backward kernels
+# run.sh - builds and runs the host emulator of the sm80 forward and backward kernels
 # (no GPU needed): every test case in emu_main.cpp against a float64
 # reference, first with cp.async copies landing at wait_group (catches reads
 # before the wait), then at issue (EMU_EAGER).  Needs g++ >= 10 and gcc.

@@ -1,17 +1,20 @@
 /*
- * emu_main.cpp - runs the sm80 backward kernels (csrc/cuda/fat_sm80_bwd.cuh)
- * on the CPU under emu_shim.h, for odd-sized dense and varlen problems at
- * every compiled head dim: causal, sliding windows, softcap, GQA/MQA, d < D,
- * empty sequences, deterministic and atomic dQ.  Compares dq, dk, dv with a
- * float64 reference (max error over max |ref|), requires exact zeros where no
- * key / query is visible, and checks that no element outside the outputs'
- * valid rows and columns (strided, padded layouts) was written.
- * The launch sequence below mirrors fat::sm80_bwd (which is not compiled
- * here, since it uses <<< >>>): prep, dkdv, then dq_kernel or the convert.
+ * emu_main.cpp - runs the sm80 forward (csrc/cuda/fat_sm80_fwd.cuh, through
+ * its own launcher) and backward kernels (fat_sm80_bwd.cuh) on the CPU under
+ * emu_shim.h, for odd-sized dense and varlen problems at every compiled head
+ * dim: causal, sliding windows, softcap, GQA/MQA, d < D, empty sequences,
+ * deterministic and atomic dQ, and tile variants of both passes.  Compares o,
+ * lse, dq, dk, dv with a float64 reference (max error over max |ref|; lse
+ * absolute), requires exact zeros (lse -inf) where no key / query is visible,
+ * and checks that no element outside the outputs' valid rows and columns
+ * (strided, padded layouts) was written.  The backward's launch sequence below
+ * mirrors fat::sm80_bwd (not compiled here): prep, dkdv, then dq_kernel or the
+ * convert.
  */
 #include "emu_shim.h"
 
 #include "fat_sm80_bwd.cuh"
+#include "fat_sm80_fwd.cuh"
 
 #include <random>
 #include <string>
@@ -78,6 +81,9 @@ void run_grid(unsigned grid, int threads, size_t smem, const std::function<void(
 }
 } /* namespace emu */
 
+namespace emu {
+alignas(1024) unsigned char fwd_smem[1 << 18];
+}
 namespace fat { namespace bwd80 {
 alignas(1024) unsigned char dkdv_smem[1 << 18];
 alignas(1024) unsigned char dq_smem[1 << 18];
@@ -104,8 +110,12 @@ struct Tensor { /* 2-byte elements with strides */
 template <typename T> static float to_f(uint16_t b) { return fat::elem<T>::to_float(T{b}); }
 template <typename T> static uint16_t from_f(float f) { return fat::elem<T>::from_float(f).x; }
 
-template <typename T, class Cfg> static bool run_problem(const Problem &pr, uint64_t seed) {
+/* Runs the forward with FwdCfg and / or the backward with Cfg (both of head
+ * dim Cfg::D) on one problem. */
+template <typename T, class Cfg, class FwdCfg>
+static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run_bwd) {
     constexpr int D = Cfg::D;
+    static_assert(FwdCfg::D == D, "one head dim");
     const bool varlen = !pr.lens_q.empty();
     const int B = pr.b;
     std::vector<int> cu_q(B + 1, 0), cu_k(B + 1, 0);
@@ -191,7 +201,7 @@ template <typename T, class Cfg> static bool run_problem(const Problem &pr, uint
             for (int j = 0; j < Lk[b]; ++j)
                 if (visible(b, i, j)) q_sees[cu_q[b] + i] = k_seen[cu_k[b] + j] = 1;
     std::vector<double> rdq((size_t)rows_q * pr.hq * pr.d, 0), rdk((size_t)rows_k * pr.hkv * pr.d, 0),
-        rdv((size_t)rows_k * pr.hkv * pr.dv, 0);
+        rdv((size_t)rows_k * pr.hkv * pr.dv, 0), ro((size_t)rows_q * pr.hq * pr.dv, 0);
     for (int b = 0; b < B; ++b)
         for (int h = 0; h < pr.hq; ++h) {
             int hk = h / group, n = Lk[b];
@@ -211,6 +221,7 @@ template <typename T, class Cfg> static bool run_problem(const Problem &pr, uint
                     double acc = 0;
                     for (int j = 0; j < n; ++j) acc += P[j] * to_f<T>(v.data[off(v, b, j, hk, c, true)]);
                     o.data[off(o, b, i, h, c, false)] = from_f<T>((float)acc);
+                    ro[((cu_q[b] + i) * pr.hq + h) * pr.dv + c] = acc;
                 }
                 double dot = 0;
                 for (int c = 0; c < pr.dv; ++c)
@@ -246,29 +257,6 @@ template <typename T, class Cfg> static bool run_problem(const Problem &pr, uint
     std::vector<unsigned char> ws(wl_.total + 256, 0xff);
     p.workspace = ws.data(); p.workspace_bytes = wl_.total;
 
-    emu::buffers.clear();
-    for (Tensor *t : {&q, &k, &v, &o, &dout, &dq, &dk, &dvt}) emu::buffers.push_back({(const char *)t->data.data(), t->data.size() * 2});
-    emu::buffers.push_back({(const char *)lse.data(), lse.size() * 4});
-    emu::buffers.push_back({(const char *)ws.data(), wl_.total});
-    emu::buffers.push_back({(const char *)cuq32.data(), cuq32.size() * 4});
-    emu::buffers.push_back({(const char *)cuk32.data(), cuk32.size() * 4});
-
-    /* the launcher's sequence (fat::sm80_bwd without the CUDA runtime) */
-    const fat::bwd80::BwdArgs args = fat::bwd80::make_args(p, D);
-    const int64_t row_items = args.rows_q * p.hq;
-    const unsigned row_blocks = (unsigned)((row_items + 7) / 8);
-    emu::shared_base = fat::bwd80::dkdv_smem;
-    emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_prep_kernel<T, D>(args); });
-    const unsigned kv_blocks = (unsigned)((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN * p.hkv * p.b);
-    emu::run_grid(kv_blocks, Cfg::kThreads, fat::bwd80::DkdvSmem<Cfg>::kBytes, [&] { fat::bwd80::dkdv_kernel<T, Cfg>(args); });
-    if (p.deterministic) {
-        emu::shared_base = fat::bwd80::dq_smem;
-        const unsigned q_blocks = (unsigned)((p.sq + Cfg::kQBlockM - 1) / Cfg::kQBlockM * p.hq * p.b);
-        emu::run_grid(q_blocks, Cfg::kQThreads, fat::bwd80::DqSmem<Cfg>::kBytes, [&] { fat::bwd80::dq_kernel<T, Cfg>(args); });
-    } else {
-        emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
-    }
-
     /* compare */
     bool ok = true;
     auto check = [&](const char *nm, Tensor &t, const std::vector<double> &ref, int heads, int width, bool kside) {
@@ -299,6 +287,73 @@ template <typename T, class Cfg> static bool run_problem(const Problem &pr, uint
                max_err, rel, zero_bad, canary_bad, nan_bad, good ? "ok" : "FAIL");
         ok = ok && good;
     };
+    auto check_lse = [&](const std::vector<float> &got) {
+        std::vector<char> written(got.size(), 0);
+        double max_err = 0;
+        long inf_bad = 0, canary_bad = 0;
+        for (int b = 0; b < B; ++b)
+            for (int h = 0; h < pr.hq; ++h)
+                for (int i = 0; i < Lq[b]; ++i) {
+                    const int64_t o_ = lse_off(b, h, i);
+                    written[o_] = 1;
+                    const float r = lse[o_], x = got[o_];
+                    if (r == -INFINITY || x == -INFINITY) inf_bad += r != x;
+                    else max_err = std::max(max_err, std::fabs((double)x - r) / std::max(1.0, std::fabs((double)r)));
+                }
+        for (size_t i = 0; i < got.size(); ++i)
+            if (!written[i] && got[i] != 1234.f) ++canary_bad;
+        const bool good = max_err <= 1e-3 && inf_bad == 0 && canary_bad == 0;
+        printf("    lse max err %8.2e (relative to max(1, |lse|))  inf_bad %ld  canary_bad %ld  %s\n", max_err,
+               inf_bad, canary_bad, good ? "ok" : "FAIL");
+        ok = ok && good;
+    };
+    if (run_fwd) {
+        Tensor o2 = make(pr.hq, pr.dv, pr.sq, rows_q);
+        std::vector<float> lse2(lse.size(), 1234.f);
+        fat_params pf = p;
+        pf.o = o2.data.data();
+        pf.lse = lse2.data();
+        emu::buffers.clear();
+        for (Tensor *t : {&q, &k, &v, &o2}) emu::buffers.push_back({(const char *)t->data.data(), t->data.size() * 2});
+        emu::buffers.push_back({(const char *)lse2.data(), lse2.size() * 4});
+        emu::buffers.push_back({(const char *)cuq32.data(), cuq32.size() * 4});
+        emu::buffers.push_back({(const char *)cuk32.data(), cuk32.size() * 4});
+        printf("[%s] D=%d %s  forward tiles w%d mt%d n%d qreg %d exp2 %d lazy %d split %d subn %d ctas %d\n",
+               pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16", FwdCfg::kWarps, FwdCfg::kMTiles,
+               FwdCfg::kBlockN, FwdCfg::kQInRegs, FwdCfg::kExp2Fma, FwdCfg::kLazyRescale,
+               FwdCfg::kSplitSoftcap, FwdCfg::kSubN, FwdCfg::kMinBlocksPerSm);
+        const fat_status st = fat::sm80_fwd_tiles<T, FwdCfg>(pf, nullptr);
+        if (st != FAT_OK) {
+            printf("    launcher returned %d  FAIL\n", (int)st);
+            ok = false;
+        }
+        check("o", o2, ro, pr.hq, pr.dv, false);
+        check_lse(lse2);
+    }
+    if (!run_bwd) return ok;
+    emu::buffers.clear();
+    for (Tensor *t : {&q, &k, &v, &o, &dout, &dq, &dk, &dvt}) emu::buffers.push_back({(const char *)t->data.data(), t->data.size() * 2});
+    emu::buffers.push_back({(const char *)lse.data(), lse.size() * 4});
+    emu::buffers.push_back({(const char *)ws.data(), wl_.total});
+    emu::buffers.push_back({(const char *)cuq32.data(), cuq32.size() * 4});
+    emu::buffers.push_back({(const char *)cuk32.data(), cuk32.size() * 4});
+
+    /* the launcher's sequence (fat::sm80_bwd without the CUDA runtime) */
+    const fat::bwd80::BwdArgs args = fat::bwd80::make_args(p, D);
+    const int64_t row_items = args.rows_q * p.hq;
+    const unsigned row_blocks = (unsigned)((row_items + 7) / 8);
+    emu::shared_base = fat::bwd80::dkdv_smem;
+    emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_prep_kernel<T, D>(args); });
+    const unsigned kv_blocks = (unsigned)((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN * p.hkv * p.b);
+    emu::run_grid(kv_blocks, Cfg::kThreads, fat::bwd80::DkdvSmem<Cfg>::kBytes, [&] { fat::bwd80::dkdv_kernel<T, Cfg>(args); });
+    if (p.deterministic) {
+        emu::shared_base = fat::bwd80::dq_smem;
+        const unsigned q_blocks = (unsigned)((p.sq + Cfg::kQBlockM - 1) / Cfg::kQBlockM * p.hq * p.b);
+        emu::run_grid(q_blocks, Cfg::kQThreads, fat::bwd80::DqSmem<Cfg>::kBytes, [&] { fat::bwd80::dq_kernel<T, Cfg>(args); });
+    } else {
+        emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
+    }
+
     printf("[%s] D=%d %s  tiles w%d k%d s%d m%d st%d\n", pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16",
            Cfg::kWarps, Cfg::kKeyTiles, Cfg::kSplitD, Cfg::kBlockM, Cfg::kStages);
     check("dq", dq, rdq, pr.hq, pr.d, false);
@@ -307,11 +362,35 @@ template <typename T, class Cfg> static bool run_problem(const Problem &pr, uint
     return ok;
 }
 
-template <class Cfg> static bool run_both(const Problem &pr, uint64_t seed) {
-    return pr.bf16 ? run_problem<__nv_bfloat16, Cfg>(pr, seed) : run_problem<__half, Cfg>(pr, seed);
+template <class Cfg, class FwdCfg = fat::Sm80FwdConfig<Cfg::D>>
+static bool run_both(const Problem &pr, uint64_t seed, bool run_fwd, bool run_bwd) {
+    return pr.bf16 ? run_problem<__nv_bfloat16, Cfg, FwdCfg>(pr, seed, run_fwd, run_bwd)
+                   : run_problem<__half, Cfg, FwdCfg>(pr, seed, run_fwd, run_bwd);
 }
-template <int D> static bool run_both(const Problem &pr, uint64_t seed) {
-    return run_both<fat::bwd80::BwdConfig<D>>(pr, seed);
+template <class Cfg> static bool run_both(const Problem &pr, uint64_t seed) { /* backward variant */
+    return run_both<Cfg>(pr, seed, false, true);
+}
+template <int D> static bool run_both(const Problem &pr, uint64_t seed) { /* both defaults */
+    return run_both<fat::bwd80::BwdConfig<D>>(pr, seed, true, true);
+}
+template <class FwdCfg> static bool run_fwd(const Problem &pr, uint64_t seed) { /* forward variant */
+    return run_both<fat::bwd80::BwdConfig<FwdCfg::D>, FwdCfg>(pr, seed, true, false);
+}
+
+/* Tile variants of dev/sm80_fwd_bench.cu (Case::fwd_variant = 1 + index). */
+using fat::Sm80FwdTiles;
+static bool run_fwd_variant(int D, int v, const Problem &pr, uint64_t seed) {
+    using namespace fat;
+    if (D == 128 && v == 0) return run_fwd<Sm80FwdTiles<128, 4, 2, 32>>(pr, seed); /* log2-domain scores */
+    if (D == 128 && v == 1) return run_fwd<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma | kFwdSplitSoftcap>>(pr, seed);
+    if (D == 128 && v == 2) return run_fwd<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>(pr, seed);
+    if (D == 128 && v == 3) return run_fwd<Sm80FwdTiles<128, 8, 1, 64, true>>(pr, seed);
+    if (D == 128 && v == 4)
+        return run_fwd<Sm80FwdTiles<128, 4, 1, 32, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>(pr, seed);
+    if (D == 64 && v == 0) return run_fwd<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale>>(pr, seed);
+    if (D == 64 && v == 1)
+        return run_fwd<Sm80FwdTiles<64, 8, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>(pr, seed);
+    return false;
 }
 
 /* Tile variants of dev/sm80_bwd_bench.cu (Case::variant = 1 + index). */
@@ -327,7 +406,8 @@ static bool run_variant(int D, int v, const Problem &pr, uint64_t seed) {
     return false;
 }
 
-static bool run_d(int D, int variant, const Problem &pr, uint64_t seed) {
+static bool run_d(int D, int variant, int fwd_variant, const Problem &pr, uint64_t seed) {
+    if (fwd_variant > 0) return run_fwd_variant(D, fwd_variant - 1, pr, seed);
     if (variant > 0) return run_variant(D, variant - 1, pr, seed);
     switch (D) {
     case 32: return run_both<32>(pr, seed);
@@ -343,7 +423,7 @@ static bool run_d(int D, int variant, const Problem &pr, uint64_t seed) {
 int main(int argc, char **argv) {
     emu::eager_copies = getenv("EMU_EAGER") != nullptr;
     const char *only = getenv("EMU_ONLY");
-    struct Case { int D; Problem pr; int variant = 0; };
+    struct Case { int D; Problem pr; int variant = 0; int fwd_variant = 0; };
     std::vector<Case> cases = {
         {64, {"dense causal gqa", false, 2, 70, 77, 4, 2, 64, 64, 1, -1, -1, 0, 0, {}, {}}},
         {64, {"dense causal gqa det", false, 2, 70, 77, 4, 2, 64, 64, 1, -1, -1, 0, 1, {}, {}}},
@@ -380,6 +460,18 @@ int main(int argc, char **argv) {
         /* BwdCompact<128> (devices with less shared memory than BwdConfig<128> needs) */
         {128, {"compact dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 4},
         {128, {"compact varlen window softcap det", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 1, {5, 130, 64}, {17, 100, 64}}, 4},
+        /* forward tile variants (the default forward runs on every case above without a variant) */
+        {128, {"fwd var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 1},
+        {128, {"fwd var varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 1},
+        {128, {"fwd var varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 2},
+        {128, {"fwd var dense noncausal", true, 2, 97, 150, 2, 2, 128, 128, 0, -1, -1, 0, 0, {}, {}}, 0, 2},
+        {128, {"fwd var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 3},
+        {128, {"fwd var varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 4},
+        {128, {"fwd var dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 5},
+        {64, {"fwd var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 0, 1},
+        {64, {"fwd var varlen fp16 mixed softcap", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 1},
+        {64, {"fwd var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 0, 2},
+        {64, {"fwd var varlen fp16 mixed softcap", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 2},
         {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 1},
         {64, {"var varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 1},
         {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 2},
@@ -390,7 +482,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < cases.size(); ++i) {
         if (only && cases[i].pr.name.find(only) == std::string::npos) continue;
         ++n;
-        if (!run_d(cases[i].D, cases[i].variant, cases[i].pr, 1000 + i)) ++failures;
+        if (!run_d(cases[i].D, cases[i].variant, cases[i].fwd_variant, cases[i].pr, 1000 + i)) ++failures;
     }
     printf("%d passed, %d failed\n", n - failures, failures);
     return failures != 0;

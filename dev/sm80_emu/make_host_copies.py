@@ -1,8 +1,10 @@
 """make_host_copies.py OUT_DIR - host-compilable copies of
-csrc/cuda/fat_sm80_primitives.cuh and fat_sm80_bwd.cuh for the emulator:
-drops the asm / intrinsic definitions that emu_shim.h provides and the
-launcher (kernel launches), routes the plain shared-memory loads of lse / dot
-through the race checker, and adds a stub fat_cuda_internal.h.  Everything
+csrc/cuda/fat_sm80_primitives.cuh, fat_sm80_bwd.cuh and fat_sm80_fwd.cuh for
+the emulator: drops the asm / intrinsic definitions that emu_shim.h provides,
+turns the few inline-asm statements of the forward into the shim's calls, drops
+the backward's launcher and runs the forward's own launcher with its kernel
+launch replaced by emu::run_grid, routes the plain shared-memory loads of lse /
+dot through the race checker, and adds a stub fat_cuda_internal.h.  Everything
 else (index math, pipelines, fragment loaders) is the real source, unchanged."""
 import os
 import re
@@ -64,3 +66,30 @@ a = s.index('/* ---- launcher')
 s = s[:a] + '} /* namespace bwd80 */\n} /* namespace fat */\n'
 open(OUT + 'fat_sm80_bwd.cuh', 'w').write(s)
 open(OUT + 'fat_cuda_internal.h', 'w').write('#pragma once\n#include "flash_attn_t.h"\ntypedef void *cudaStream_t;\n')
+
+def replace_once(src, old, new):
+    if src.count(old) != 1:
+        sys.exit('expected once in fat_sm80_fwd.cuh: ' + old)
+    return src.replace(old, new)
+
+f = open(SRC + 'fat_sm80_fwd.cuh').read()
+f = remove_function(f, '__device__ __forceinline__ float fast_exp2(')
+f = replace_once(f, 'asm volatile("mov.u32 %0, %%tid.x;\\n" : "=r"(tid));', 'tid = threadIdx.x;')
+f = replace_once(f, 'asm volatile("mov.u32 %0, %%ctaid.x;\\n" : "=r"(bid));', 'bid = blockIdx.x;')
+f = replace_once(f, 'asm volatile("st.shared.b32 [%0], %1;\\n" ::"r"(addr), "r"(packed));',
+                 'emu::st_shared_u32(addr, packed);')
+f, n = re.subn(r'asm volatile\("ld\.shared\.v4\.b32 \{%0,%1,%2,%3\}, \[%4\];\\n"\s*'
+               r': "=r"\(chunk\.x\), "=r"\(chunk\.y\), "=r"\(chunk\.z\), "=r"\(chunk\.w\)\s*'
+               r': "r"\(([^;]*)\)\);', r'emu::ld_shared_v4(chunk, \1);', f)
+if n != 1:
+    sys.exit('expected one ld.shared.v4 in fat_sm80_fwd.cuh')
+f = replace_once(f, 'extern __shared__ __align__(1024) uint8_t smem[];', 'uint8_t *const smem = emu::fwd_smem;')
+f, n = re.subn(r'if \(cudaFuncSetAttribute\(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,\s*'
+               r'Cfg::kSmemBytes\) != cudaSuccess\)\s*return FAT_ERR_CUDA;', '', f)
+if n != 1:
+    sys.exit('expected one cudaFuncSetAttribute in fat_sm80_fwd.cuh')
+f = replace_once(f, 'kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);',
+                 'emu::shared_base = emu::fwd_smem; (void)stream;\n'
+                 '    emu::run_grid((unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, [&] { kernel(args); });')
+f = replace_once(f, 'return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;', 'return FAT_OK;')
+open(OUT + 'fat_sm80_fwd.cuh', 'w').write(f)

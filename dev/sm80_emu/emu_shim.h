@@ -1,6 +1,7 @@
 /*
- * emu_shim.h - host emulation of the CUDA features the sm80 backward uses, so
- * the kernels (index logic, pipelines, fragment layouts) run on a CPU.
+ * emu_shim.h - host emulation of the CUDA features the sm80 forward and
+ * backward use, so the kernels (index logic, pipelines, fragment layouts) run
+ * on a CPU.
  * Every CUDA thread is a ucontext fiber; warp collectives (ldmatrix, mma,
  * shuffles) rendezvous all 32 lanes and the last one to arrive computes the
  * result by the PTX ISA fragment layouts; __syncthreads is a CTA barrier.
@@ -35,6 +36,8 @@ struct uint4 { uint32_t x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }
 
@@ -170,6 +173,23 @@ inline float2 read_shared_f2(const float *p) {
     return v;
 }
 void run_grid(unsigned grid, int threads, size_t smem_bytes, const std::function<void()> &body);
+extern unsigned char fwd_smem[]; /* the forward kernel's dynamic shared memory */
+/* cp.async of bytes (4 or 16): pending in the race checker until its group's wait */
+inline void cp_async(uint32_t smem_addr, const void *gmem, int bytes, bool valid) {
+    Copy c{smem_addr, gmem, bytes, valid};
+    shared_at(smem_addr, bytes, bytes);
+    note_write(smem_addr, bytes, warp(), true, false);
+    if (eager_copies) do_copy(c, false);
+    tstate[cur].open.push_back(c);
+}
+inline void st_shared_u32(uint32_t addr, uint32_t value) {
+    memcpy(shared_at(addr, 4, 4), &value, 4);
+    note_write(addr, 4, warp(), false, false);
+}
+inline void ld_shared_v4(uint4 &v, uint32_t addr) {
+    memcpy(&v, shared_at(addr, 16, 16), 16);
+    note_read(addr, 16, warp());
+}
 
 struct Idx { unsigned x, y, z; };
 inline Idx thread_idx() { return {(unsigned)cur, 0, 0}; }
@@ -180,11 +200,22 @@ inline Idx block_idx() { return {block_x, 0, 0}; }
 #define blockIdx (emu::block_idx())
 
 inline void __syncthreads() { emu::arrive_wait(emu::cta_group, emu::nthreads); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_collective(nullptr); }
 inline float __shfl_xor_sync(unsigned, float x, int mask) {
     int l = emu::lane(), w = emu::warp();
     emu::wx[w].fin[l][0] = x;
     emu::warp_collective([w, mask] { for (int i = 0; i < 32; ++i) emu::wx[w].fout[i][0] = emu::wx[w].fin[i ^ mask][0]; });
     return emu::wx[w].fout[l][0];
+}
+inline int __any_sync(unsigned, int pred) {
+    int l = emu::lane(), w = emu::warp();
+    emu::wx[w].in[l][0] = pred != 0;
+    emu::warp_collective([w] {
+        uint32_t any = 0;
+        for (int i = 0; i < 32; ++i) any |= emu::wx[w].in[i][0];
+        for (int i = 0; i < 32; ++i) emu::wx[w].out[i][0] = any;
+    });
+    return (int)emu::wx[w].out[l][0];
 }
 inline float atomicAdd(float *p, float v) { emu::check_global(p, 4); float old = *p; *p = old + v; return old; }
 
@@ -203,11 +234,7 @@ template <> struct elem<__nv_bfloat16> {
 };
 
 inline void cp_async_16(uint32_t smem_addr, const void *gmem, bool valid) {
-    emu::Copy c{smem_addr, gmem, 16, valid};
-    emu::shared_at(smem_addr, 16, 16);
-    emu::note_write(smem_addr, 16, emu::warp(), true, false);
-    if (emu::eager_copies) emu::do_copy(c, false);
-    emu::tstate[emu::cur].open.push_back(c);
+    emu::cp_async(smem_addr, gmem, 16, valid);
 }
 inline void cp_async_commit() {
     auto &s = emu::tstate[emu::cur];
@@ -303,15 +330,9 @@ inline float tanh_approx(float x) {
     return 1.f - 2.f * (1.f / (e + 1.f));
 }
 inline void cp_async_4(uint32_t smem_addr, const void *gmem, bool valid) {
-    emu::Copy c{smem_addr, gmem, 4, valid};
-    emu::shared_at(smem_addr, 4, 4);
-    emu::note_write(smem_addr, 4, emu::warp(), true, false);
-    if (emu::eager_copies) emu::do_copy(c, false);
-    emu::tstate[emu::cur].open.push_back(c);
+    emu::cp_async(smem_addr, gmem, 4, valid);
 }
-inline void st_shared_u32(uint32_t addr, uint32_t value) {
-    memcpy(emu::shared_at(addr, 4, 4), &value, 4);
-    emu::note_write(addr, 4, emu::warp(), false, false);
-}
+inline void st_shared_u32(uint32_t addr, uint32_t value) { emu::st_shared_u32(addr, value); }
 } /* namespace bwd80 */
+inline float fast_exp2(float x) { return exp2f(x); }
 } /* namespace fat */
