@@ -4,6 +4,7 @@
     python benchmarks/bench.py [--suite fa3|gqa|varlen|long|all] [--quick]
                                [--device cpu|cuda] [--impl ...] [--out benchmarks/results]
     python benchmarks/bench.py --suite fa3 --merge a/fa3.json b/fa3.json   # partial runs -> one
+    (--time-limit S: no new point after S seconds; the results are still written)
 
 See benchmarks/README.md.  Results: <out>/<gpu-slug|cpu>/<suite>.{json,md,png}.
 """
@@ -692,6 +693,7 @@ def write_md(path, suite, meta, rows):
              "gpu: %s | torch %s | cuda %s | driver %s | commit %s | %s" %
              (meta["gpu"], meta["torch"], meta["cuda"], meta["driver"], meta["git_commit"],
               meta["date"]), "", *["`%s`" % c for c in meta.get("commands", [meta["command"]])], "",
+             *(["**Incomplete:** %s." % meta["incomplete"], ""] if meta.get("incomplete") else []),
              "TFLOPS (fwd = 4·H·D·visible pairs; bwd = 2.5x, fwdbwd = 3.5x). "
              "ratio = best flash_attn_t path / best alternative.", ""]
     for op in OPS:
@@ -789,6 +791,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--plot", action="store_true", help="plots even with --quick (off there)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                    help="start no new point after this many seconds; what was measured is "
+                         "written (json, md, plots) and marked incomplete")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="no measuring: merge these result files of one suite (--suite, or "
                          "their common name <suite>.json; partial runs; "
@@ -849,6 +854,9 @@ def merge(args):
     # the suites' own point order: head dim, mask, length (stable: impls keep their order)
     rows.sort(key=lambda r: (r["head_dim"], r["causal"], r.get("avg_seqlen") or r["seqlen_q"]))
     meta = dict(metas[0])
+    meta.pop("incomplete", None)
+    if any(m.get("incomplete") for m in metas):
+        meta["incomplete_parts"] = [m.get("incomplete") for m in metas]
     meta["commands"] = [m["command"] for m in metas]
     meta["git_commits"] = [m.get("git_commit") for m in metas]
     meta["dates"] = [m.get("date") for m in metas]
@@ -922,7 +930,13 @@ def main(argv=None):
         jpath = os.path.join(outdir, suite + ".json")
         points = suite_points(suite, args)
         print("\n#### suite %s: %d points, impls %s" % (suite, len(points), impls))
-        for p in points:
+        meta.pop("incomplete", None)
+        for n_done, p in enumerate(points):
+            if args.time_limit is not None and time.time() - t_start > args.time_limit:
+                meta["incomplete"] = ("time limit of %g s reached: %d of %d points measured" %
+                                      (args.time_limit, n_done, len(points)))
+                print("\n== %s" % meta["incomplete"])
+                break
             ops = tuple(o for o in p["ops"] if not args.ops or o in args.ops)
             if not ops:
                 continue

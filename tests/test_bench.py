@@ -1,4 +1,5 @@
-"""benchmarks/bench.py --merge: partial runs of one suite joined into one result."""
+"""benchmarks/bench.py: --merge (partial runs of one suite joined into one result) and
+--time-limit (a suite cut short still writes its results, marked incomplete)."""
 import json
 import os
 import sys
@@ -54,3 +55,18 @@ def test_merge_suite_from_file_names_or_refused(tmp_path, capsys):
     _write(c, "run c", [_row("fat-sm90a", 512, 1.0)])
     assert bench.main(["--merge", a, c, "--out", str(out), "--no-plot"]) == 2
     assert "--suite" in capsys.readouterr().err
+
+
+def test_time_limit_writes_what_it_has(tmp_path):
+    out = tmp_path / "out"
+    args = ["--quick", "--device", "cpu", "--suite", "gqa", "--impl", "fat-cpu", "--ops", "fwd",
+            "--no-plot", "--out", str(out)]
+    assert bench.main(args + ["--time-limit", "0"]) == 0
+    with open(out / "cpu" / "gqa.json") as f:
+        cut = json.load(f)
+    assert cut["rows"] == [] and "0 of" in cut["meta"]["incomplete"]
+    assert "**Incomplete:**" in (out / "cpu" / "gqa.md").read_text()
+    assert bench.main(args) == 0
+    with open(out / "cpu" / "gqa.json") as f:
+        full = json.load(f)
+    assert full["rows"] and "incomplete" not in full["meta"]
