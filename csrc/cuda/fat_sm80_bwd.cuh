@@ -1172,15 +1172,15 @@ fat_status sm80_bwd_tiles(const fat_params &p, cudaStream_t stream) {
     return launch_status();
 }
 
+/* BwdConfig<D>; where the device cannot run it (sm80_bwd_tiles answers
+ * unsupported before launching anything), BwdCompact<D>. */
 template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream_t stream) {
     using Fast = bwd80::BwdConfig<D>;
     using Compact = typename bwd80::BwdCompact<D>::type;
-    if constexpr (!std::is_same<Fast, Compact>::value) {
-        const int limit = bwd80::smem_optin_limit();
-        if (limit >= 0 && bwd80::DkdvSmem<Fast>::kBytes > limit)
-            return sm80_bwd_tiles<T, Compact>(p, stream);
-    }
-    return sm80_bwd_tiles<T, Fast>(p, stream);
+    const fat_status st = sm80_bwd_tiles<T, Fast>(p, stream);
+    if constexpr (!std::is_same<Fast, Compact>::value)
+        if (st == FAT_ERR_UNSUPPORTED) return sm80_bwd_tiles<T, Compact>(p, stream);
+    return st;
 }
 
 } /* namespace fat */

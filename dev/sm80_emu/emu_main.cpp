@@ -396,13 +396,13 @@ static bool run_fwd_variant(int D, int v, const Problem &pr, uint64_t seed) {
 /* Tile variants of dev/sm80_bwd_bench.cu (Case::variant = 1 + index). */
 using fat::bwd80::BwdTiles;
 static bool run_variant(int D, int v, const Problem &pr, uint64_t seed) {
-    if (D == 128 && v == 0) return run_both<BwdTiles<128, 8, 2, 2, 64, 2>>(pr, seed);
+    if (D == 128 && v == 0) return run_both<BwdTiles<128, 8, 2, 2, 64, 1>>(pr, seed);
     if (D == 128 && v == 1) return run_both<BwdTiles<128, 8, 2, 4, 128, 2>>(pr, seed);
     if (D == 128 && v == 2) return run_both<BwdTiles<128, 8, 1, 2, 128, 2>>(pr, seed);
     if (D == 128 && v == 3) return run_both<fat::bwd80::BwdCompact<128>::type>(pr, seed);
     if (D == 64 && v == 0) return run_both<BwdTiles<64, 8, 2, 2, 128, 1>>(pr, seed);
     if (D == 64 && v == 1) return run_both<BwdTiles<64, 8, 1, 1, 128, 2>>(pr, seed);
-    if (D == 64 && v == 2) return run_both<BwdTiles<64, 8, 2, 1, 32, 2>>(pr, seed);
+    if (D == 64 && v == 2) return run_both<BwdTiles<64, 8, 1, 1, 64, 2>>(pr, seed);
     return false;
 }
 
