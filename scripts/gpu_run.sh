@@ -13,6 +13,8 @@
 #   TESTS_SM80="pytest args"  the same with FLASH_ATTN_T_BACKEND=sm80 (mma.sync only)
 #   BENCH="bench.py args"   e.g. BENCH="--impl fat-sm80 sdpa-flash2"; with
 #   BENCH_SUITES="fa3 gqa:90"  run once per suite[:timeout s] (default: BENCH as given)
+#   BENCH_PLAN=file         one bench.py run per line "<seconds> <name> <bench.py args>"
+#                           (# comments; results under $OUT/res/<name>/ for bench.py --merge)
 #   TRAIN="train_llama.py args"   the end-to-end training benchmark (TRAIN_TIMEOUT s)
 #   TESTS_LATE="pytest args"  a last test run (slow ones, after the benchmarks)
 #   FLASH_ATTN_T_HEADDIMS / FLASH_ATTN_T_CUDA_ARCHS   restrict the build
@@ -97,6 +99,13 @@ if [ -n "${BENCH:-}" ]; then
     TAIL=40 step "bench_$suite" timeout "$limit" python3 benchmarks/bench.py --device cuda \
       --out "$OUT/res" --time-limit $((limit * 4 / 5)) $suite_arg $BENCH
   done
+fi
+if [ -n "${BENCH_PLAN:-}" ]; then
+  while read -r limit name args <&3; do
+    case "$limit" in ''|'#'*) continue ;; esac
+    TAIL=30 step "bench_$name" timeout "$limit" python3 benchmarks/bench.py --device cuda \
+      --out "$OUT/res/$name" --time-limit $((limit * 4 / 5)) $args < /dev/null
+  done 3< "$BENCH_PLAN"
 fi
 if [ -n "${TRAIN:-}" ]; then
   TAIL=30 step train timeout ${TRAIN_TIMEOUT:-300} python3 benchmarks/train_llama.py --device cuda --out "$OUT/res" $TRAIN

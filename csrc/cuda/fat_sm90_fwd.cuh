@@ -27,8 +27,9 @@
  * Key blocks that no query row of the CTA sees are skipped; element masks
  * run only on blocks that cross sk or a window/causal edge.
  *
- * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent>,
- * timed side by side by dev/sm90_fwd_check.cu; fwd_choice picks the default):
+ * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent,
+ * kPolyEvery>,
+ * timed side by side by dev/sm90_fwd_check.cu; FwdDefault picks the default):
  *   kOverlap : FA3's intra-warpgroup overlap: issue S_{j+1}, rescale O, issue
  *              P_j V_j, wait for S_{j+1} only and run its softmax while P_j V_j
  *              is on the tensor cores;
@@ -37,7 +38,10 @@
  *              other's GEMMs;
  *   kPersistent: one CTA per SM runs tiles in fwd_tile_at's order; q_empty
  *              lets the producer load the next tile's Q after the epilogue,
- *              and its K/V during it.
+ *              and its K/V during it;
+ *   kPolyEvery: every kPolyEvery-th 8-column block of scores takes its exp2
+ *              from an FMA-pipe polynomial (exp2_poly), so that the SFU is
+ *              not the limit at D = 64.
  */
 #pragma once
 
@@ -57,7 +61,8 @@ namespace sm90 {
 
 /* One compiled variant: head dim D, kBlockN keys per block, kStages K/V
  * stages, and the two scheduling flags described at the top. */
-template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false> struct FwdConfig {
+template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false, int PolyEvery = 0>
+struct FwdConfig {
     static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
     static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
     static_assert(!PingPong || Overlap, "ping-pong is built on the overlapped loop");
@@ -66,6 +71,8 @@ template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persisten
     static constexpr int kBlockN = BN;
     static constexpr int kStages = Stages;
     static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent;
+    /* every kPolyEvery-th 8-column block of scores takes exp2_poly (0: none) */
+    static constexpr int kPolyEvery = PolyEvery;
     static constexpr int kPanels = D / 64;
     static constexpr int kThreads = 384;
     static constexpr uint32_t kQPanelBytes = kBlockM * 128;
@@ -306,13 +313,15 @@ __device__ __forceinline__ void make_scores(float (&s)[C::kBlockN / 2], const Fw
 
 /* Online softmax over one block of x (log2 score = x * scale, scale > 0):
  * updates the row max m (log2 units) and this thread's partial row sum l,
- * turns s into exp2(x * scale - m) (one FFMA and one MUFU.EX2 per element)
- * and returns the factor alpha the accumulator rows must be scaled by. */
-template <int BN>
+ * turns s into exp2(x * scale - m) (one FFMA and one MUFU.EX2 per element,
+ * or exp2_poly on every PolyEvery-th 8-column block) and returns the
+ * factor alpha the accumulator rows must be scaled by. */
+template <int BN, int PolyEvery>
 __device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], float scale) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
+        constexpr int every = PolyEvery > 0 ? PolyEvery : 1 << 30; /* 0: never */
         float mx = s[2 * half];
 #pragma unroll
         for (int blk = 0; blk < BN / 8; ++blk)
@@ -327,7 +336,8 @@ __device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2]
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 float &x = s[4 * blk + 2 * half + e];
-                x = exp2_approx(fmaf(x, scale, -base));
+                const float y = fmaf(x, scale, -base);
+                x = blk % every == every - 1 ? exp2_poly(y) : exp2_approx(y);
                 sum += x;
             }
         l[half] = l[half] * alpha[half] + sum;
@@ -392,7 +402,7 @@ __device__ __forceinline__ void scores_softmax(float (&sc)[C::kBlockN / 2], floa
                                                RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
                                                const Lane &ln, int n) {
     make_scores<C>(sc, a, t, ln, n);
-    softmax_update<C::kBlockN>(sc, st.m, st.l, alpha, a.exp_scale);
+    softmax_update<C::kBlockN, C::kPolyEvery>(sc, st.m, st.l, alpha, a.exp_scale);
     reg_fence(sc);
     reg_fence2(st.l, alpha);
 }
@@ -761,29 +771,38 @@ template <typename T, class C> fat_status launch_fwd(const fat_params &p, cudaSt
  * kBlockN 128 (80 at D = 256, shared memory), 3 stages at D = 64, else 2. */
 template <int D, bool PingPong, bool Persistent = false>
 using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPong, Persistent>;
-using FwdWide128 = FwdConfig<128, 176, 2, true, true>; /* FA3's D = 128 tile */
 
-enum FwdChoice { FWD_OVERLAP, FWD_PINGPONG, FWD_WIDE128 };
-
-/* The one place the default is chosen, from the H200 table of NOTES.md
- * (bf16, 16 heads, 16k tokens): D = 128 overlap BN128 is fastest at 2k-8k
- * (causal or not) and within 3% of the best at 1k; pingpong n176 is best
- * at 16k (618 vs 611 non-causal, 635 vs 633 causal).  D = 64 and 256:
- * ping-pong, the only variant measured there so far. */
-template <int D> inline FwdChoice fwd_choice(const fat_params &p) {
-    if (D != 128) return FWD_PINGPONG;
-    return p.sq > 8192 ? FWD_WIDE128 : FWD_OVERLAP;
-}
+/* The default of each head dim, one variant for short and one for long
+ * query sequences, from the H200 tables of NOTES.md (dev/sm90_fwd_check,
+ * bf16, 16 heads, 16k tokens, run 5a):
+ *   D = 128: overlap BN128 up to 8k (fastest at 2k-8k, causal or not);
+ *            beyond, pingpong n176 (FA3's tile; 618 vs 611 at 16k, run 2);
+ *   D = 64:  pingpong BN128 below 4k; from 4k pingpong n192 (+5-9%
+ *            non-causal, +3-5% causal at 8k-16k);
+ *   D = 256: overlap BN80 up to 2k (+20% at 1k-2k); beyond, pingpong BN80. */
+template <int D> struct FwdDefault;
+template <> struct FwdDefault<128> {
+    static bool is_long(const fat_params &p) { return p.sq > 8192; }
+    using Short = FwdBase<128, false>;
+    using Long = FwdConfig<128, 176, 2, true, true>;
+};
+template <> struct FwdDefault<64> {
+    static bool is_long(const fat_params &p) { return p.sq >= 4096; }
+    using Short = FwdBase<64, true>;
+    using Long = FwdConfig<64, 192, 3, true, true>;
+};
+template <> struct FwdDefault<256> {
+    static bool is_long(const fat_params &p) { return p.sq > 2048; }
+    using Short = FwdBase<256, false>;
+    using Long = FwdBase<256, true>;
+};
 
 } /* namespace sm90 */
 
 template <typename T, int D> fat_status sm90_fwd(const fat_params &p, cudaStream_t stream) {
-    if constexpr (D == 128) {
-        if (sm90::fwd_choice<D>(p) == sm90::FWD_WIDE128) return sm90::launch_fwd<T, sm90::FwdWide128>(p, stream);
-        return sm90::launch_fwd<T, sm90::FwdBase<D, false>>(p, stream);
-    } else {
-        return sm90::launch_fwd<T, sm90::FwdBase<D, true>>(p, stream);
-    }
+    using Default = sm90::FwdDefault<D>;
+    if (Default::is_long(p)) return sm90::launch_fwd<T, typename Default::Long>(p, stream);
+    return sm90::launch_fwd<T, typename Default::Short>(p, stream);
 }
 
 } /* namespace fat */
