@@ -42,30 +42,21 @@
 
 /* The variants the check and the timing table cover (configs: VariantConfig
  * below).  "wide" is BN176 at D = 128, BN192 at D = 64 (none at D = 256);
- * "persistent": one CTA per SM running tiles in fwd_tile_at's order;
- * "poly/k": every k-th 8-column block of scores takes exp2_poly (FMA pipes)
- * instead of MUFU.EX2. */
-enum Variant {
-    SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
-    OVERLAP_POLY4, PINGPONG_POLY4, WIDE_POLY4, WIDE_POLY2, DEFAULT
-};
+ * "persistent": one CTA per SM running tiles in fwd_tile_at's order. */
+enum Variant { SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST, DEFAULT };
 static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpong", "pingpong wide",
                                       "overlap persistent", "pingpong persistent", "pingpong wide persistent",
-                                      "overlap poly/4", "overlap+pingpong poly/4", "pingpong wide poly/4",
-                                      "pingpong wide poly/2", "default (sm90_fwd)"};
+                                      "default (sm90_fwd)"};
 static const char *variant_name(Variant v, int d) {
     if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
     if (v == WIDE_PERSIST) return d == 128 ? "pingpong n176 persistent" : "pingpong n192 persistent";
-    if (v == WIDE_POLY4) return "pingpong n192 poly/4";
-    if (v == WIDE_POLY2) return "pingpong n192 poly/2";
     return variant_names[v];
 }
 /* Checked on the short list and timed, per head dim (DEFAULT is also checked
  * on the full list).  The persistent variants lost almost everywhere in run
  * 5a (benchmarks/NOTES.md): checked, no longer timed. */
-static const std::vector<Variant> variants_128 = {SERIAL, OVERLAP, WIDE, OVERLAP_POLY4, DEFAULT};
-static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG,   WIDE,   PINGPONG_POLY4,
-                                                 WIDE_POLY4, WIDE_POLY2, DEFAULT};
+static const std::vector<Variant> variants_128 = {SERIAL, OVERLAP, WIDE, DEFAULT};
+static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG, WIDE, DEFAULT};
 static const std::vector<Variant> variants_256 = {OVERLAP, PINGPONG, DEFAULT};
 /* D = 256 overlap persistent spills 20 bytes (ptxas): not built */
 static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, WIDE_PERSIST};
@@ -242,10 +233,6 @@ template <int D> struct VariantConfig<D, WIDE> { using C = FwdConfig<D, D == 128
 template <int D> struct VariantConfig<D, WIDE_PERSIST> {
     using C = FwdConfig<D, D == 128 ? 176 : 192, D == 64 ? 3 : 2, true, true, true>;
 };
-template <int D> struct VariantConfig<D, OVERLAP_POLY4> { using C = FwdConfig<D, 128, 2, true, false, false, 4>; };
-template <int D> struct VariantConfig<D, PINGPONG_POLY4> { using C = FwdConfig<D, 128, 3, true, true, false, 4>; };
-template <int D> struct VariantConfig<D, WIDE_POLY4> { using C = FwdConfig<D, 192, 3, true, true, false, 4>; };
-template <int D> struct VariantConfig<D, WIDE_POLY2> { using C = FwdConfig<D, 192, 3, true, true, false, 2>; };
 
 /* Launches prepared arguments (args made for variant v's config): the timed
  * loop leaves tensor-map encoding out. */
@@ -312,12 +299,6 @@ template <typename T, int D> static fat_status run_variant(Variant v, const fat_
     }
     if constexpr (D == 128) {
         if (v == SERIAL) return launch_prepared<T, D, SERIAL>(p, time_it, ms);
-        if (v == OVERLAP_POLY4) return launch_prepared<T, D, OVERLAP_POLY4>(p, time_it, ms);
-    }
-    if constexpr (D == 64) {
-        if (v == PINGPONG_POLY4) return launch_prepared<T, D, PINGPONG_POLY4>(p, time_it, ms);
-        if (v == WIDE_POLY4) return launch_prepared<T, D, WIDE_POLY4>(p, time_it, ms);
-        if (v == WIDE_POLY2) return launch_prepared<T, D, WIDE_POLY2>(p, time_it, ms);
     }
     if constexpr (D != 256) {
         if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);
@@ -535,13 +516,12 @@ int main(int argc, char **argv) {
         if (v != DEFAULT) check_list<__nv_bfloat16, 128>(cases_small(128), v);
     for (Variant v : persistent_128) check_list<__nv_bfloat16, 128>(cases_small(128), v);
     check_list<__half, 128>(cases_small(128), WIDE_PERSIST);
-    check_list<__half, 128>(cases_small(128), OVERLAP_POLY4);
     check_list<__nv_bfloat16, 64>(cases_small(64), DEFAULT);
     check_list<__half, 64>(cases_small(64), DEFAULT);
     for (Variant v : variants_64)
         if (v != DEFAULT) check_list<__nv_bfloat16, 64>(cases_small(64), v);
     for (Variant v : persistent_64) check_list<__nv_bfloat16, 64>(cases_small(64), v);
-    check_list<__half, 64>(cases_small(64), WIDE_POLY2);
+    check_list<__half, 64>(cases_small(64), WIDE);
     check_list<__nv_bfloat16, 256>(cases_small(256), DEFAULT);
     check_list<__half, 256>(cases_small(256), DEFAULT);
     for (Variant v : variants_256)

@@ -86,7 +86,7 @@ if [ -n "${SANITIZE:-}" ]; then
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
     TAIL=6 step "sanitize_$tool" compute-sanitizer --tool $tool --error-exitcode 3 python3 scripts/sanitize_small.py
   done
-  for tool in ${SANITIZE_SM80_TOOLS:-memcheck racecheck}; do  # sm80 forward too (auto: sm90a)
+  for tool in ${SANITIZE_SM80_TOOLS-memcheck racecheck}; do  # sm80 forward too (auto: sm90a); "" = none
     TAIL=6 FLASH_ATTN_T_BACKEND=sm80 step "sanitize_sm80_$tool" compute-sanitizer --tool $tool \
       --error-exitcode 3 python3 scripts/sanitize_small.py
   done

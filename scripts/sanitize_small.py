@@ -7,11 +7,13 @@ import torch
 import flash_attn_t
 
 
-def run_dense(B, Sq, Sk, Hq, Hkv, D, **kw):
-    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    flash_attn_t.attention(q, k, v, **kw).sum().backward()
+def run_dense(B, Sq, Sk, Hq, Hkv, D, backward=True, **kw):
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
+    out = flash_attn_t.attention(q, k, v, **kw)
+    if backward:
+        out.sum().backward()
 
 
 def run_varlen(lens, Hq, Hkv, D, **kw):
@@ -30,5 +32,9 @@ if __name__ == "__main__":
     run_dense(1, 65, 65, 2, 2, 59, deterministic=True)
     run_dense(1, 33, 200, 2, 2, 256, causal=True)
     run_varlen([5, 130, 1, 77], 4, 1, 128, causal=True)
+    # the sm90a forward's long-sequence variants (FwdDefault): forward only
+    run_dense(1, 4100, 4100, 1, 1, 64, backward=False, causal=True)
+    run_dense(1, 8200, 8200, 1, 1, 128, backward=False, causal=True)
+    run_dense(1, 2100, 2100, 1, 1, 256, backward=False, causal=True)
     torch.cuda.synchronize()
     print("sanitize_small: done,", flash_attn_t.last_cuda_backend())

@@ -27,8 +27,7 @@
  * Key blocks that no query row of the CTA sees are skipped; element masks
  * run only on blocks that cross sk or a window/causal edge.
  *
- * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent,
- * kPolyEvery>,
+ * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent>,
  * timed side by side by dev/sm90_fwd_check.cu; FwdDefault picks the default):
  *   kOverlap : FA3's intra-warpgroup overlap: issue S_{j+1}, rescale O, issue
  *              P_j V_j, wait for S_{j+1} only and run its softmax while P_j V_j
@@ -38,10 +37,7 @@
  *              other's GEMMs;
  *   kPersistent: one CTA per SM runs tiles in fwd_tile_at's order; q_empty
  *              lets the producer load the next tile's Q after the epilogue,
- *              and its K/V during it;
- *   kPolyEvery: every kPolyEvery-th 8-column block of scores takes its exp2
- *              from an FMA-pipe polynomial (exp2_poly), so that the SFU is
- *              not the limit at D = 64.
+ *              and its K/V during it.
  */
 #pragma once
 
@@ -61,8 +57,7 @@ namespace sm90 {
 
 /* One compiled variant: head dim D, kBlockN keys per block, kStages K/V
  * stages, and the two scheduling flags described at the top. */
-template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false, int PolyEvery = 0>
-struct FwdConfig {
+template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false> struct FwdConfig {
     static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
     static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
     static_assert(!PingPong || Overlap, "ping-pong is built on the overlapped loop");
@@ -71,8 +66,6 @@ struct FwdConfig {
     static constexpr int kBlockN = BN;
     static constexpr int kStages = Stages;
     static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent;
-    /* every kPolyEvery-th 8-column block of scores takes exp2_poly (0: none) */
-    static constexpr int kPolyEvery = PolyEvery;
     static constexpr int kPanels = D / 64;
     static constexpr int kThreads = 384;
     static constexpr uint32_t kQPanelBytes = kBlockM * 128;
@@ -313,15 +306,13 @@ __device__ __forceinline__ void make_scores(float (&s)[C::kBlockN / 2], const Fw
 
 /* Online softmax over one block of x (log2 score = x * scale, scale > 0):
  * updates the row max m (log2 units) and this thread's partial row sum l,
- * turns s into exp2(x * scale - m) (one FFMA and one MUFU.EX2 per element,
- * or exp2_poly on every PolyEvery-th 8-column block) and returns the
- * factor alpha the accumulator rows must be scaled by. */
-template <int BN, int PolyEvery>
+ * turns s into exp2(x * scale - m) (one FFMA and one MUFU.EX2 per element)
+ * and returns the factor alpha the accumulator rows must be scaled by. */
+template <int BN>
 __device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], float scale) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        constexpr int every = PolyEvery > 0 ? PolyEvery : 1 << 30; /* 0: never */
         float mx = s[2 * half];
 #pragma unroll
         for (int blk = 0; blk < BN / 8; ++blk)
@@ -336,8 +327,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2]
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 float &x = s[4 * blk + 2 * half + e];
-                const float y = fmaf(x, scale, -base);
-                x = blk % every == every - 1 ? exp2_poly(y) : exp2_approx(y);
+                x = exp2_approx(fmaf(x, scale, -base));
                 sum += x;
             }
         l[half] = l[half] * alpha[half] + sum;
@@ -402,7 +392,7 @@ __device__ __forceinline__ void scores_softmax(float (&sc)[C::kBlockN / 2], floa
                                                RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
                                                const Lane &ln, int n) {
     make_scores<C>(sc, a, t, ln, n);
-    softmax_update<C::kBlockN, C::kPolyEvery>(sc, st.m, st.l, alpha, a.exp_scale);
+    softmax_update<C::kBlockN>(sc, st.m, st.l, alpha, a.exp_scale);
     reg_fence(sc);
     reg_fence2(st.l, alpha);
 }

@@ -91,22 +91,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
     return y;
 }
 
-/* 2^x for x <= 0 on the FMA pipes, so that part of a block's exponentials
- * leave the SFU (16 results per clock per SM, as many as the tensor cores
- * need at head dim 64).  x = j + f with j = round(x) (the 1.5 * 2^23 trick:
- * j lands in t's low mantissa bits), f in [-1/2, 1/2]; 2^f by a cubic with
- * p(0) = 1 fitted for least maximum relative error (1.0e-4, under half an
- * ulp of fp16); j added to the exponent field.  Clamped at -127, where
- * f = 0 and the result is exactly +0 (so ex2(-inf) = +0 as on the SFU);
- * above it j = -127 only with f >= 0, so the exponent never wraps. */
-__device__ __forceinline__ float exp2_poly(float x) {
-    x = fmaxf(x, -127.f);
-    const float t = __fadd_rn(x, 12582912.f);
-    const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-    const float p = fmaf(fmaf(fmaf(0.05500893f, f, 0.242211f), f, 0.6932829f), f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 /* ---- register reallocation between warpgroups --------------------------- */
 
 template <int Regs> __device__ __forceinline__ void regs_release() {
