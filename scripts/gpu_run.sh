@@ -8,6 +8,8 @@
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
+#   NCU_SM90="64x2048 128x2048"  ncu of the sm90a forward default at these shapes
+#                           (head dim x seqlen, dev/sm90_fwd_check.cu "one"; pipe utilisation)
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
 #                           scripts/sanitize_small.py
 #   TESTS_SM80="pytest args"  the same with FLASH_ATTN_T_BACKEND=sm80 (mma.sync only)
@@ -47,7 +49,7 @@ dev_build() {  # name source
   step "$1_build" nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
     "$2" csrc/fat_common.c -o "/tmp/$1"
 }
-[ -n "${SM90_CHECK:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & }
+[ -n "${SM90_CHECK:-}${NCU_SM90:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & }
 [ -n "${SM80_FWD_BENCH:-}" ] && { dev_build sm80_fwd_bench dev/sm80_fwd_bench.cu & }
 [ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & }
 step build python3 -m pip install --no-build-isolation -e . -v || exit 1
@@ -74,6 +76,11 @@ if [ -n "${NCU:-}" ]; then
   TAIL=3 step ncu_bwd ncu --clock-control none $NCU_SECTIONS -k regex:dkdv -c 1 \
     python3 scripts/profile_bwd.py
 fi
+PIPE_METRICS="regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active"
+for shape in ${NCU_SM90:-}; do
+  [ -x /tmp/sm90_check ] && TAIL=3 step "ncu_sm90_$shape" ncu --clock-control none $NCU_SECTIONS \
+    --metrics "$PIPE_METRICS" -k regex:fwd_kernel --launch-skip 1 -c 1 /tmp/sm90_check one ${shape/x/ }
+done
 grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20
 step main python3 -m flash_attn_t --seqlen 1024
 if [ -n "${TESTS:-}" ]; then
