@@ -857,9 +857,10 @@ def merge(args):
     meta.pop("incomplete", None)
     if any(m.get("incomplete") for m in metas):
         meta["incomplete_parts"] = [m.get("incomplete") for m in metas]
-    meta["commands"] = [m["command"] for m in metas]
-    meta["git_commits"] = [m.get("git_commit") for m in metas]
-    meta["dates"] = [m.get("date") for m in metas]
+    # a file that is itself a merge brings its own lists
+    meta["commands"] = [c for m in metas for c in m.get("commands") or [m["command"]]]
+    meta["git_commits"] = [c for m in metas for c in m.get("git_commits") or [m.get("git_commit")]]
+    meta["dates"] = [c for m in metas for c in m.get("dates") or [m.get("date")]]
     outdir = os.path.join(args.out, slug(meta["gpu"]) if meta.get("gpu") else "cpu")
     os.makedirs(outdir, exist_ok=True)
     print("merged %d rows from %d files: wrote %s" % (

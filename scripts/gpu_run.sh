@@ -2,7 +2,7 @@
 # One full call on the lent GPU machine: build the extension with that
 # machine's torch, run the main command, then whatever the environment asks:
 #   TESTS="pytest args"     e.g. TESTS="-k cuda tests"   (GPU test suite; TESTS_TIMEOUT s)
-#   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone)
+#   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone; SM90_CHECK_TIMEOUT s)
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
@@ -68,7 +68,7 @@ sm80_bench() {
 [ -n "${SM80_FWD_BENCH:-}" ] && sm80_bench fwd
 [ -n "${SM80_BWD_BENCH:-}" ] && sm80_bench bwd
 [ -n "${SM90_CHECK:-}" ] && [ -x /tmp/sm90_check ] &&
-  TAIL=60 step sm90_check timeout 150 /tmp/sm90_check $SM90_CHECK_ARGS
+  TAIL=60 step sm90_check timeout ${SM90_CHECK_TIMEOUT:-150} /tmp/sm90_check $SM90_CHECK_ARGS
 NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 if [ -n "${NCU:-}" ]; then
   [ -x /tmp/sm80_fwd_bench ] && TAIL=3 step ncu_fwd ncu --clock-control none $NCU_SECTIONS \

@@ -36,5 +36,8 @@ if __name__ == "__main__":
     run_dense(1, 4100, 4100, 1, 1, 64, backward=False, causal=True)
     run_dense(1, 8200, 8200, 1, 1, 128, backward=False, causal=True)
     run_dense(1, 2100, 2100, 1, 1, 256, backward=False, causal=True)
+    # persistent defaults (two Q buffers) with more tiles than SMs: CTAs run several
+    run_dense(4, 600, 600, 16, 4, 64, backward=False, causal=True)
+    run_dense(2, 1000, 1000, 16, 16, 128, backward=False, causal=True)
     torch.cuda.synchronize()
     print("sanitize_small: done,", flash_attn_t.last_cuda_backend())

@@ -17,9 +17,9 @@
  *     N-major); finally O / l through shared memory (the dead Q rows of the
  *     warpgroup) to global with 16-byte stores, and lse = (m + log2 l) ln 2.
  * Shared memory (fat_sm90_primitives.cuh describes the 128B-swizzled panels):
- *   q  : kBlockM x D               (D / 64 panels of kBlockM rows)
+ *   q  : kQBuffers x (kBlockM x D) (D / 64 panels of kBlockM rows each)
  *   k,v: kStages x (kBlockN x D)   (D / 64 panels of kBlockN rows each)
- *   barriers: q_full; k_full, v_full (TMA bytes landed) and k_empty, v_empty
+ *   barriers: q_full, q_empty per Q buffer; k_full, v_full (TMA bytes landed) and k_empty, v_empty
  *   (all 8 consumer warps are done with the stage) per stage; 256 pin slots.
  * Tensor maps are 4D (columns, rows, heads, batch): out-of-range rows and
  * columns [d, D) read as zeros; varlen maps span all packed rows (batch 1),
@@ -35,9 +35,10 @@
  *   kPingPong: (with kOverlap) the two consumer warpgroups take turns issuing
  *              their GEMMs (named barriers), so one's softmax runs under the
  *              other's GEMMs;
- *   kPersistent: one CTA per SM runs tiles in fwd_tile_at's order; q_empty
- *              lets the producer load the next tile's Q after the epilogue,
- *              and its K/V during it.
+ *   kPersistent: one CTA per SM runs tiles in fwd_tile_at's order; with two
+ *              Q buffers (kQBuffers, where shared memory allows) the next
+ *              tile's Q loads during this tile, else after its epilogue
+ *              (q_empty); its K/V load during the epilogue.
  */
 #pragma once
 
@@ -72,10 +73,15 @@ template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persisten
     static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
     static constexpr uint32_t kQBytes = kQPanelBytes * kPanels;
     static constexpr uint32_t kKVBytes = kKVPanelBytes * kPanels; /* one K or one V block */
-    static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages) + 256 * 4; /* + pin slots */
+    static constexpr uint32_t kBarrierBytes = 8 * (4 + 4 * kStages) + 256 * 4; /* + pin slots */
     /* + 1024: the dynamic window is aligned up by hand */
-    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
-    static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+    static constexpr int kOneQSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
+    static constexpr int kSmemLimit = 227 * 1024;
+    /* persistent CTAs keep two Q buffers where shared memory allows: the
+     * next tile's Q loads while this tile runs (not at D = 256 or BN176) */
+    static constexpr int kQBuffers = Persistent && kOneQSmemBytes + (int)kQBytes <= kSmemLimit ? 2 : 1;
+    static constexpr int kSmemBytes = kOneQSmemBytes + (kQBuffers - 1) * kQBytes;
+    static_assert(kSmemBytes <= kSmemLimit, "shared memory of one CTA");
 };
 
 /* Everything the kernel reads, by value (tensor maps must live in param space). */
@@ -99,25 +105,28 @@ struct FwdArgs {
     float softcap_log2; /* softcap * log2(e); 0 = off */
 };
 
-/* The shared-memory window of one CTA: q, then (k, v) of stage 0, 1, ..., then
- * the barriers. */
+/* The shared-memory window of one CTA: the kQBuffers Q buffers, then (k, v)
+ * of stage 0, 1, ..., then the barriers. */
 template <class C> struct FwdSmem {
-    uint8_t *q;
+    uint8_t *q_base;
     float *pin; /* 256 floats: pin_before_wait's slots */
-    /* one per stage: TMA bytes landed (full), all 8 consumer warps done (empty) */
+    /* q_full/q_empty: one per Q buffer (2 slots); the others one per stage.
+     * full: TMA bytes landed; empty: all 8 consumer warps are done with it
+     * (for q: the epilogue, persistent CTAs only). */
     uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty;
 
     __device__ explicit FwdSmem(uint8_t *raw) {
-        q = (uint8_t *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
-        q_full = (uint64_t *)(q + C::kQBytes + 2 * C::kStages * C::kKVBytes);
-        q_empty = q_full + 1; /* the epilogue is done with q (persistent: next Q may load) */
-        k_full = q_empty + 1;
+        q_base = (uint8_t *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+        q_full = (uint64_t *)(k(0) + 2 * C::kStages * C::kKVBytes);
+        q_empty = q_full + 2;
+        k_full = q_empty + 2;
         v_full = k_full + C::kStages;
         k_empty = v_full + C::kStages;
         v_empty = k_empty + C::kStages;
         pin = (float *)(v_empty + C::kStages);
     }
-    __device__ uint8_t *k(int stage) const { return q + C::kQBytes + stage * 2 * C::kKVBytes; }
+    __device__ uint8_t *q(int buf) const { return q_base + buf * C::kQBytes; }
+    __device__ uint8_t *k(int stage) const { return q_base + C::kQBuffers * C::kQBytes + stage * 2 * C::kKVBytes; }
     __device__ uint8_t *v(int stage) const { return k(stage) + C::kKVBytes; }
 };
 
@@ -213,9 +222,10 @@ __device__ __forceinline__ void tma_load_kv(uint8_t *dst, const CUtensorMap *map
  * use them.  K and V have their own empty barriers: a K stage is free once
  * S = Q K^T finished, long before P V is done with the V of the same block. */
 /* tile_no: tiles this CTA ran before, it0: loads of the ring before this
- * tile (persistent CTAs run on).  The first K goes out before the wait for
- * the epilogue of the previous tile to free q.  Q is loaded even when the
- * tile sees no key: the consumers always wait for it. */
+ * tile (persistent CTAs run on).  The tile's Q goes to buffer tile_no %
+ * kQBuffers; the first K goes out before the wait for the epilogue that
+ * last used that buffer.  Q is loaded even when the tile sees no key: the
+ * consumers always wait for it. */
 template <class C>
 __device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int tile_no, int it0) {
     const int batch = a.cu_seqlens_q ? 0 : t.b;
@@ -225,8 +235,10 @@ __device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
     if (t.n_min <= t.n_max)
         tma_load_kv<C>(sm.k(s0), &a.k_map, &sm.k_empty[s0], &sm.k_full[s0], it0, row_of(t.n_min), kv_head,
                        batch);
-    if (tile_no > 0) mbar_wait(sm.q_empty, (uint32_t)(tile_no - 1) & 1);
-    tma_load_block<C>(sm.q, C::kQPanelBytes, &a.q_map, (int)(t.seq.q_start + t.m0), t.h, batch, sm.q_full);
+    const int qb = tile_no % C::kQBuffers, q_use = tile_no / C::kQBuffers;
+    if (q_use > 0) mbar_wait(&sm.q_empty[qb], (uint32_t)(q_use - 1) & 1);
+    tma_load_block<C>(sm.q(qb), C::kQPanelBytes, &a.q_map, (int)(t.seq.q_start + t.m0), t.h, batch,
+                      &sm.q_full[qb]);
     if (t.n_min > t.n_max) return;
     for (int n = t.n_min, it = it0; n <= t.n_max; ++n, ++it) {
         if (n < t.n_max) {
@@ -410,9 +422,9 @@ __device__ __forceinline__ void pin_before_wait(float *pin, const Lane &ln, cons
 /* v1: each block's GEMMs and softmax in sequence. */
 template <typename T, class C>
 __device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
-                                const FwdSmem<C> &sm, const Lane &ln, int it0) {
+                                const FwdSmem<C> &sm, const uint8_t *q, const Lane &ln, int it0) {
     constexpr int BN = C::kBlockN;
-    const uint32_t q_addr = smem_u32(sm.q) + ln.wg * 64 * 128;
+    const uint32_t q_addr = smem_u32(q) + ln.wg * 64 * 128;
     for (int n = t.n_min, it = it0; n <= t.n_max; ++n, ++it) {
         const int s = it % C::kStages;
         const uint32_t parity = (uint32_t)(it / C::kStages) & 1;
@@ -441,10 +453,10 @@ __device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const Fwd
  * release V_j and convert P_{j+1}. */
 template <typename T, class C>
 __device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
-                                 const FwdSmem<C> &sm, const Lane &ln, int it0) {
+                                 const FwdSmem<C> &sm, const uint8_t *q, const Lane &ln, int it0) {
     constexpr int BN = C::kBlockN;
     constexpr bool kPingPong = C::kPingPong;
-    const uint32_t q_addr = smem_u32(sm.q) + ln.wg * 64 * 128;
+    const uint32_t q_addr = smem_u32(q) + ln.wg * 64 * 128;
     float sc[BN / 2], alpha[2];
     uint32_t p[BN / 16][4];
 
@@ -499,11 +511,11 @@ __device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const Fw
 
 /* ---- epilogue ------------------------------------------------------------------------- */
 
-/* o / l to global through the warpgroup's Q rows in shared memory (all its
- * wgmmas reading them are complete); lse = (m + log2 l) ln 2. Rows past the
- * sequence and columns >= d_v are never written. */
+/* o / l to global through the warpgroup's rows of the tile's Q buffer q
+ * (all its wgmmas reading them are complete); lse = (m + log2 l) ln 2. Rows
+ * past the sequence and columns >= d_v are never written. */
 template <typename T, class C>
-__device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm,
+__device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t, uint8_t *q,
                           const Lane &ln) {
     constexpr int D = C::kD;
     using Tile = SmemTile<C::kBlockM, D>;
@@ -523,7 +535,7 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const uint32_t off = Tile::offset(64 * ln.wg + row_in_wg + 8 * half, 8 * blk + 2 * ln.t4);
-            *(uint32_t *)(sm.q + off) = elem<T>::pack(st.o[4 * blk + 2 * half], st.o[4 * blk + 2 * half + 1]);
+            *(uint32_t *)(q + off) = elem<T>::pack(st.o[4 * blk + 2 * half], st.o[4 * blk + 2 * half + 1]);
         }
     if (ln.wg == 0) /* the warpgroup's rows are staged */
         __barrier_sync_count(1, 128);
@@ -539,7 +551,7 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
         const int row = t.m0 + 64 * ln.wg + r;
         if (row < t.seq.sq && c < a.d_v)
             *(uint4 *)(o_head + (int64_t)row * a.o_row_stride + c) =
-                *(const uint4 *)(sm.q + Tile::offset(64 * ln.wg + r, c));
+                *(const uint4 *)(q + Tile::offset(64 * ln.wg + r, c));
     }
 
     float *lse_head = a.lse + (varlen ? t.seq.q_start : (int64_t)t.b * a.lse_batch_stride) +
@@ -552,8 +564,9 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
         }
 }
 
-/* One tile: tile_no = tiles this CTA ran before (q_full's phase), it0 = ring
- * loads before it.  Ends by releasing q to the producer. */
+/* One tile: tile_no = tiles this CTA ran before (its Q buffer and that
+ * buffer's phase), it0 = ring loads before it.  Persistent: ends by
+ * releasing the Q buffer to the producer. */
 template <typename T, class C>
 __device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int wg, int tile_no,
                             int it0) {
@@ -568,18 +581,20 @@ __device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
     for (int i = 0; i < C::kD / 2; ++i) st.o[i] = 0.f;
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.f;
-    mbar_wait(sm.q_full, (uint32_t)tile_no & 1);
+    const int qb = tile_no % C::kQBuffers;
+    uint8_t *q = sm.q(qb);
+    mbar_wait(&sm.q_full[qb], (uint32_t)(tile_no / C::kQBuffers) & 1);
     if (t.n_min <= t.n_max) {
         if constexpr (C::kOverlap)
-            mainloop_overlap<T, C>(st, a, t, sm, ln, it0);
+            mainloop_overlap<T, C>(st, a, t, sm, q, ln, it0);
         else
-            mainloop_serial<T, C>(st, a, t, sm, ln, it0);
+            mainloop_serial<T, C>(st, a, t, sm, q, ln, it0);
     }
-    fwd_store<T, C>(st, a, t, sm, ln);
+    fwd_store<T, C>(st, a, t, q, ln);
     if constexpr (C::kPersistent) {
         /* generic-proxy reads/writes of q before the next Q's TMA write */
         cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-        release_stage(sm.q_empty, ln);
+        release_stage(&sm.q_empty[qb], ln);
     }
 }
 
@@ -593,8 +608,10 @@ __global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ Fwd
     extern __shared__ uint8_t smem_raw[];
     const FwdSmem<C> sm(smem_raw);
     if (threadIdx.x == 0) {
-        cuda::ptx::mbarrier_init(sm.q_full, 1);
-        cuda::ptx::mbarrier_init(sm.q_empty, 8);
+        for (int b = 0; b < C::kQBuffers; ++b) {
+            cuda::ptx::mbarrier_init(&sm.q_full[b], 1);
+            cuda::ptx::mbarrier_init(&sm.q_empty[b], 8);
+        }
         for (int s = 0; s < C::kStages; ++s) {
             cuda::ptx::mbarrier_init(&sm.k_full[s], 1);
             cuda::ptx::mbarrier_init(&sm.v_full[s], 1);
@@ -762,37 +779,43 @@ template <typename T, class C> fat_status launch_fwd(const fat_params &p, cudaSt
 template <int D, bool PingPong, bool Persistent = false>
 using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPong, Persistent>;
 
-/* The default of each head dim, one variant for short and one for long
- * query sequences, from the H200 tables of NOTES.md (dev/sm90_fwd_check,
- * bf16, 16 heads, 16k tokens, run 5a):
- *   D = 128: overlap BN128 up to 8k (fastest at 2k-8k, causal or not);
- *            beyond, pingpong n176 (FA3's tile; 618 vs 611 at 16k, run 2);
- *   D = 64:  pingpong BN128 below 4k; from 4k pingpong n192 (+5-9%
- *            non-causal, +3-5% causal at 8k-16k);
+/* The default of each head dim: FwdDefault<D>::launch picks a variant by
+ * the query length (and causal), from the H200 tables of NOTES.md
+ * (dev/sm90_fwd_check, bf16, 16 heads, 16k tokens; runs 5a and 7a):
+ *   D = 128: causal up to 4k overlap persistent (two Q buffers; +7-25% at
+ *            512-4k, run 7a), other lengths up to 8k overlap BN128 (the
+ *            persistent one loses 1-11% non-causal at 512-2k); beyond 8k
+ *            pingpong n176 (FA3's tile; 618 vs 611 at 16k, run 2; overlap
+ *            BN128 was level with it at 16k in run 7d);
+ *   D = 64:  below 4k pingpong persistent (two Q buffers; +5-17%, run 7a);
+ *            from 4k pingpong n192 (+5-9% non-causal, +3-5% causal at
+ *            8k-16k, run 5a);
  *   D = 256: overlap BN80 up to 2k (+20% at 1k-2k); beyond, pingpong BN80. */
 template <int D> struct FwdDefault;
 template <> struct FwdDefault<128> {
-    static bool is_long(const fat_params &p) { return p.sq > 8192; }
-    using Short = FwdBase<128, false>;
-    using Long = FwdConfig<128, 176, 2, true, true>;
+    template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
+        if (p.sq > 8192) return launch_fwd<T, FwdConfig<128, 176, 2, true, true>>(p, stream);
+        if (p.causal && p.sq <= 4096) return launch_fwd<T, FwdBase<128, false, true>>(p, stream);
+        return launch_fwd<T, FwdBase<128, false>>(p, stream);
+    }
 };
 template <> struct FwdDefault<64> {
-    static bool is_long(const fat_params &p) { return p.sq >= 4096; }
-    using Short = FwdBase<64, true>;
-    using Long = FwdConfig<64, 192, 3, true, true>;
+    template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
+        if (p.sq >= 4096) return launch_fwd<T, FwdConfig<64, 192, 3, true, true>>(p, stream);
+        return launch_fwd<T, FwdBase<64, true, true>>(p, stream);
+    }
 };
 template <> struct FwdDefault<256> {
-    static bool is_long(const fat_params &p) { return p.sq > 2048; }
-    using Short = FwdBase<256, false>;
-    using Long = FwdBase<256, true>;
+    template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
+        if (p.sq > 2048) return launch_fwd<T, FwdBase<256, true>>(p, stream);
+        return launch_fwd<T, FwdBase<256, false>>(p, stream);
+    }
 };
 
 } /* namespace sm90 */
 
 template <typename T, int D> fat_status sm90_fwd(const fat_params &p, cudaStream_t stream) {
-    using Default = sm90::FwdDefault<D>;
-    if (Default::is_long(p)) return sm90::launch_fwd<T, typename Default::Long>(p, stream);
-    return sm90::launch_fwd<T, typename Default::Short>(p, stream);
+    return sm90::FwdDefault<D>::template launch<T>(p, stream);
 }
 
 } /* namespace fat */
