@@ -692,7 +692,7 @@ def write_md(path, suite, meta, rows):
     lines = ["# flash_attn_t benchmark: %s" % suite, "",
              "gpu: %s | torch %s | cuda %s | driver %s | commit %s | %s" %
              (meta["gpu"], meta["torch"], meta["cuda"], meta["driver"], meta["git_commit"],
-              meta["date"]), "", *["`%s`" % c for c in meta.get("commands", [meta["command"]])], "",
+              meta["date"]), "", *command_lines(meta), "",
              *(["**Incomplete:** %s." % meta["incomplete"], ""] if meta.get("incomplete") else []),
              "TFLOPS (fwd = 4·H·D·visible pairs; bwd = 2.5x, fwdbwd = 3.5x). "
              "ratio = best flash_attn_t path / best alternative.", ""]
@@ -734,6 +734,18 @@ def write_md(path, suite, meta, rows):
             lines.append("- %s (%d points): %s" % (name, n, st[9:]))
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def command_lines(meta):
+    """The command(s) that made a result; a merge's each with its commit and date."""
+    if "commands" not in meta:
+        return ["`%s`" % meta["command"]]
+    n = len(meta["commands"])
+    commits, dates = meta.get("git_commits") or [None] * n, meta.get("dates") or [None] * n
+    if len(commits) != n or len(dates) != n:
+        return ["`%s`" % c for c in meta["commands"]]
+    return ["`%s` (commit %s, %s)" % (c, (g or "?")[:7], (d or "?")[:16])
+            for c, g, d in zip(meta["commands"], commits, dates)]
 
 
 def git_commit():

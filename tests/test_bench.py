@@ -16,8 +16,8 @@ def _row(impl, seqlen, tflops, causal=False, head_dim=64):
                 dtype="bf16", tflops=tflops, ms=1.0, peak_bytes=1, rel_error=1e-3, status="ok")
 
 
-def _write(path, command, rows):
-    meta = dict(gpu="NVIDIA H200", torch="t", cuda="c", driver="d", git_commit="abc",
+def _write(path, command, rows, commit="abc"):
+    meta = dict(gpu="NVIDIA H200", torch="t", cuda="c", driver="d", git_commit=commit,
                 date="2026-12-02", command=command)
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f)
@@ -41,6 +41,24 @@ def test_merge_replaces_orders_and_keeps_commands(tmp_path):
     assert merged["meta"]["commands"] == ["run a", "run b"]
     md = (out / "nvidia-h200" / "fa3.md").read_text()
     assert "`run a`" in md and "`run b`" in md and "1.67x" in md  # 5.0 / 3.0 at 512
+
+
+def test_merge_of_a_merge_keeps_every_command_and_commit(tmp_path):
+    a, b, c = (str(tmp_path / n) for n in ("a.json", "b.json", "c.json"))
+    _write(a, "run a", [_row("fat-sm90a", 512, 1.0)], commit="aaaaaaa1")
+    _write(b, "run b", [_row("fat-sm90a", 1024, 1.0)], commit="bbbbbbb2")
+    _write(c, "run c", [_row("fat-sm90a", 2048, 1.0)], commit="ccccccc3")
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert bench.main(["--suite", "fa3", "--merge", a, b, "--out", str(first), "--no-plot"]) == 0
+    merged_ab = str(first / "nvidia-h200" / "fa3.json")
+    assert bench.main(["--suite", "fa3", "--merge", merged_ab, c, "--out", str(second),
+                       "--no-plot"]) == 0
+    with open(second / "nvidia-h200" / "fa3.json") as f:
+        meta = json.load(f)["meta"]
+    assert meta["commands"] == ["run a", "run b", "run c"]
+    assert meta["git_commits"] == ["aaaaaaa1", "bbbbbbb2", "ccccccc3"]
+    md = (second / "nvidia-h200" / "fa3.md").read_text()
+    assert "`run b` (commit bbbbbbb, 2026-12-02)" in md
 
 
 def test_merge_suite_from_file_names_or_refused(tmp_path, capsys):
