@@ -737,15 +737,12 @@ def write_md(path, suite, meta, rows):
 
 
 def command_lines(meta):
-    """The command(s) that made a result; a merge's each with its commit and date."""
+    """The command that made a result; a merge's (merge() writes the three lists) each with
+    its commit and date."""
     if "commands" not in meta:
         return ["`%s`" % meta["command"]]
-    n = len(meta["commands"])
-    commits, dates = meta.get("git_commits") or [None] * n, meta.get("dates") or [None] * n
-    if len(commits) != n or len(dates) != n:
-        return ["`%s`" % c for c in meta["commands"]]
     return ["`%s` (commit %s, %s)" % (c, (g or "?")[:7], (d or "?")[:16])
-            for c, g, d in zip(meta["commands"], commits, dates)]
+            for c, g, d in zip(meta["commands"], meta["git_commits"], meta["dates"])]
 
 
 def git_commit():
@@ -867,12 +864,16 @@ def merge(args):
     rows.sort(key=lambda r: (r["head_dim"], r["causal"], r.get("avg_seqlen") or r["seqlen_q"]))
     meta = dict(metas[0])
     meta.pop("incomplete", None)
-    if any(m.get("incomplete") for m in metas):
-        meta["incomplete_parts"] = [m.get("incomplete") for m in metas]
-    # a file that is itself a merge brings its own lists
-    meta["commands"] = [c for m in metas for c in m.get("commands") or [m["command"]]]
-    meta["git_commits"] = [c for m in metas for c in m.get("git_commits") or [m.get("git_commit")]]
-    meta["dates"] = [c for m in metas for c in m.get("dates") or [m.get("date")]]
+    # one entry per bench.py run; a file that is itself a merge brings its own lists
+    def runs(many, one):
+        return [x for m in metas for x in (m[many] if many in m else [m.get(one)])]
+    parts = runs("incomplete_parts", "incomplete")
+    meta.pop("incomplete_parts", None)
+    if any(parts):
+        meta["incomplete_parts"] = parts
+    meta["commands"] = runs("commands", "command")
+    meta["git_commits"] = runs("git_commits", "git_commit")
+    meta["dates"] = runs("dates", "date")
     outdir = os.path.join(args.out, slug(meta["gpu"]) if meta.get("gpu") else "cpu")
     os.makedirs(outdir, exist_ok=True)
     print("merged %d rows from %d files: wrote %s" % (

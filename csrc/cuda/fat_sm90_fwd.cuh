@@ -73,7 +73,8 @@ template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persisten
     static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
     static constexpr uint32_t kQBytes = kQPanelBytes * kPanels;
     static constexpr uint32_t kKVBytes = kKVPanelBytes * kPanels; /* one K or one V block */
-    static constexpr uint32_t kBarrierBytes = 8 * (4 + 4 * kStages) + 256 * 4; /* + pin slots */
+    /* q_full, q_empty: 2 slots each; 4 barriers per stage; then the pin slots */
+    static constexpr uint32_t kBarrierBytes = 8 * (4 + 4 * kStages) + 256 * 4;
     /* + 1024: the dynamic window is aligned up by hand */
     static constexpr int kOneQSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
     static constexpr int kSmemLimit = 227 * 1024;
