@@ -14,7 +14,8 @@
  *            dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_check
  * run:   /tmp/sm90_check           correctness, then timing
  *        /tmp/sm90_check check     correctness only
- *        /tmp/sm90_check one D S [causal]   sm90_fwd at one shape (for ncu)
+ *        /tmp/sm90_check one D S [causal [variant]]   sm90_fwd (or variant
+ *                                  number v of enum Variant) at one shape (for ncu)
  * Exit status 0 when every case passes.
  *
  * Layouts are the public ones (flash_attn_t.h); the output has 8 padding
@@ -43,10 +44,19 @@
 
 /* The variants the check and the timing table cover (configs: VariantConfig
  * below).  "wide" is BN176 at D = 128, BN192 at D = 64 (none at D = 256);
- * "persistent": one CTA per SM running tiles in fwd_tile_at's order. */
-enum Variant { SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST, DEFAULT };
+ * "persistent": one CTA per SM running tiles in fwd_tile_at's order;
+ * "3wg": three consumer warpgroups (192-row tiles, D = 64 only); "l2/4":
+ * the persistent order with a quarter of the (batch, head) pairs per group
+ * (FwdArgs::l2_heads / 4). */
+enum Variant {
+    SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
+    TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST, OVERLAP_PERSIST_L2_QUARTER,
+    DEFAULT
+};
 static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpong", "pingpong wide",
                                       "overlap persistent", "pingpong persistent", "pingpong wide persistent",
+                                      "3wg overlap", "3wg pingpong", "3wg pingpong 3 stages",
+                                      "3wg pingpong persistent", "overlap persistent l2/4",
                                       "default (sm90_fwd)"};
 static const char *variant_name(Variant v, int d) {
     if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
@@ -58,11 +68,14 @@ static const char *variant_name(Variant v, int d) {
  * 5a with one Q buffer (benchmarks/NOTES.md); D = 64 and 128 (BN128, BN192)
  * now keep two and are timed again (after the others). */
 static const std::vector<Variant> variants_128 = {SERIAL, OVERLAP, WIDE, DEFAULT};
-static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG, WIDE, DEFAULT};
+static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG, WIDE, TRIPLE, TRIPLE_PINGPONG,
+                                                 TRIPLE_PINGPONG_3STAGES, DEFAULT};
 static const std::vector<Variant> variants_256 = {OVERLAP, PINGPONG, DEFAULT};
 /* D = 256 overlap persistent spills 20 bytes (ptxas): not built */
-static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST};
-static const std::vector<Variant> persistent_64 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST};
+static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, OVERLAP_PERSIST_L2_QUARTER, PINGPONG_PERSIST,
+                                                    WIDE_PERSIST};
+static const std::vector<Variant> persistent_64 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
+                                                   TRIPLE_PINGPONG_PERSIST};
 static const std::vector<Variant> persistent_256 = {PINGPONG_PERSIST};
 
 struct Case {
@@ -235,6 +248,15 @@ template <int D> struct VariantConfig<D, WIDE> { using C = FwdConfig<D, D == 128
 template <int D> struct VariantConfig<D, WIDE_PERSIST> {
     using C = FwdConfig<D, D == 128 ? 176 : 192, D == 64 ? 3 : 2, true, true, true>;
 };
+template <int D> struct VariantConfig<D, TRIPLE> { using C = FwdConfig<D, 128, 2, true, false, false, 3>; };
+template <int D> struct VariantConfig<D, TRIPLE_PINGPONG> { using C = FwdConfig<D, 128, 2, true, true, false, 3>; };
+template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_3STAGES> {
+    using C = FwdConfig<D, 128, 3, true, true, false, 3>;
+};
+template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_PERSIST> {
+    using C = FwdConfig<D, 128, 2, true, true, true, 3>;
+};
+template <int D> struct VariantConfig<D, OVERLAP_PERSIST_L2_QUARTER> { using C = FwdBase<D, false, true>; };
 
 /* Launches prepared arguments (args made for variant v's config): the timed
  * loop leaves tensor-map encoding out. */
@@ -243,6 +265,7 @@ template <typename T, int D, Variant V> static fat_status launch_prepared(const 
     using C = typename VariantConfig<D, V>::C;
     fat::sm90::FwdArgs a;
     if (!fat::sm90::make_fwd_args<T, C>(p, &a)) return FAT_ERR_UNSUPPORTED;
+    if (V == OVERLAP_PERSIST_L2_QUARTER) a.l2_heads = std::max(1, a.l2_heads / 4);
     fat_status st = fat::sm90::launch_fwd_args<T, C>(a, 0);
     if (st != FAT_OK || !time_it) return st;
     cudaEvent_t start, stop;
@@ -316,6 +339,15 @@ template <typename T, int D> static fat_status run_variant(Variant v, const fat_
     }
     if constexpr (D == 128) {
         if (v == SERIAL) return launch_prepared<T, D, SERIAL>(p, time_it, ms);
+    }
+    if constexpr (D == 64) {
+        if (v == TRIPLE) return launch_prepared<T, D, TRIPLE>(p, time_it, ms);
+        if (v == TRIPLE_PINGPONG) return launch_prepared<T, D, TRIPLE_PINGPONG>(p, time_it, ms);
+        if (v == TRIPLE_PINGPONG_3STAGES) return launch_prepared<T, D, TRIPLE_PINGPONG_3STAGES>(p, time_it, ms);
+        if (v == TRIPLE_PINGPONG_PERSIST) return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST>(p, time_it, ms);
+    }
+    if constexpr (D == 128) {
+        if (v == OVERLAP_PERSIST_L2_QUARTER) return launch_prepared<T, D, OVERLAP_PERSIST_L2_QUARTER>(p, time_it, ms);
     }
     if constexpr (D != 256) {
         if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);
@@ -514,18 +546,25 @@ template <int D> static void bench(Variant v) {
         }
 }
 
-/* sm90_fwd at one shape of the timing table: one warm-up call, then one
- * timed (for a profiler: the second kernel launch is the measured one). */
-template <int D> static int run_one(int s, int causal) {
+/* sm90_fwd (or variant v) at one shape of the timing table: one warm-up
+ * call, then one timed (for a profiler: the second kernel launch is the
+ * measured one). */
+template <int D> static int run_one(int s, int causal, Variant v) {
     Case c = {16384 / s, 16, 16, s, s, D, D, causal, -1, -1, 0.f, 0};
     Problem pr = make_problem<__nv_bfloat16>(c, 7);
-    const fat_status st = fat::sm90_fwd<__nv_bfloat16, D>(pr.p, 0);
     float ms = 0.f;
-    if (st == FAT_OK) launch_ms<__nv_bfloat16, D>(pr.p, &ms);
+    fat_status st;
+    if (v == DEFAULT) {
+        st = fat::sm90_fwd<__nv_bfloat16, D>(pr.p, 0);
+        if (st == FAT_OK) launch_ms<__nv_bfloat16, D>(pr.p, &ms);
+    } else {
+        st = run_variant<__nv_bfloat16, D>(v, pr.p, false, &ms);
+        if (st == FAT_OK) st = run_variant<__nv_bfloat16, D>(v, pr.p, false, &ms);
+    }
     CUDA_CHECK(cudaDeviceSynchronize());
     const double flops = 4.0 * c.b * c.hq * (double)s * s * D / (causal ? 2 : 1);
-    printf("default D=%d seqlen %d causal %d: %s, %.3f ms, %.1f TFLOPS\n", D, s, causal, fat_status_string(st), ms,
-           flops / (ms * 1e-3) / 1e12);
+    printf("%s D=%d seqlen %d causal %d: %s, %.3f ms, %.1f TFLOPS\n", variant_name(v, D), D, s, causal,
+           fat_status_string(st), ms, flops / (ms * 1e-3) / 1e12);
     free_problem(pr);
     return st == FAT_OK ? 0 : 1;
 }
@@ -541,9 +580,10 @@ int main(int argc, char **argv) {
     }
     if (argc > 3 && strcmp(argv[1], "one") == 0) { /* one D seqlen [causal] */
         const int d = atoi(argv[2]), s = atoi(argv[3]), causal = argc > 4 ? atoi(argv[4]) : 0;
-        if (s < 1 || s > 16384) return 1;
-        return d == 64 ? run_one<64>(s, causal) : d == 128 ? run_one<128>(s, causal)
-               : d == 256 ? run_one<256>(s, causal) : 1;
+        const int v = argc > 5 ? atoi(argv[5]) : (int)DEFAULT;
+        if (s < 1 || s > 16384 || v < 0 || v > (int)DEFAULT) return 1;
+        return d == 64 ? run_one<64>(s, causal, (Variant)v) : d == 128 ? run_one<128>(s, causal, (Variant)v)
+               : d == 256 ? run_one<256>(s, causal, (Variant)v) : 1;
     }
     /* sm90_fwd itself (wide blocks where no edge, else the default) on every case */
     check_list<__nv_bfloat16, 128>(cases_main(128), DEFAULT);
@@ -558,6 +598,8 @@ int main(int argc, char **argv) {
         if (v != DEFAULT) check_list<__nv_bfloat16, 64>(cases_small(64), v);
     for (Variant v : persistent_64) check_list<__nv_bfloat16, 64>(cases_small(64), v);
     check_list<__half, 64>(cases_small(64), WIDE);
+    check_list<__half, 64>(cases_small(64), TRIPLE_PINGPONG);
+    check_list<__half, 64>(cases_main(64), TRIPLE_PINGPONG_PERSIST);
     check_list<__nv_bfloat16, 256>(cases_small(256), DEFAULT);
     check_list<__half, 256>(cases_small(256), DEFAULT);
     for (Variant v : variants_256)

@@ -8,8 +8,9 @@
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
-#   NCU_SM90="64x2048 128x2048"  ncu of the sm90a forward default at these shapes
-#                           (head dim x seqlen, dev/sm90_fwd_check.cu "one"; pipe utilisation)
+#   NCU_SM90="64x2048 128x8192x0x1"  ncu of the sm90a forward at these shapes: head dim x
+#                           seqlen [x causal [x variant number of the check's enum; default sm90_fwd]]
+#                           (dev/sm90_fwd_check.cu "one"; pipe utilisation, DRAM bytes, L2 hits, clock)
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
 #                           scripts/sanitize_small.py
 #   TESTS_SM80="pytest args"  the same with FLASH_ATTN_T_BACKEND=sm80 (mma.sync only)
@@ -20,6 +21,9 @@
 #   TRAIN="train_llama.py args"   the end-to-end training benchmark (TRAIN_TIMEOUT s)
 #   TESTS_LATE="pytest args"  a last test run (slow ones, after the benchmarks)
 #   FLASH_ATTN_T_HEADDIMS / FLASH_ATTN_T_CUDA_ARCHS   restrict the build
+#   SKIP_BUILD=1            dev tools only: no extension build, main, tests or benches
+#   CLOCK_LOG=1             sample SM clock, power and temperature every 100 ms into
+#                           logs/clocks.csv (step start/end times: logs/steps.txt)
 # Every step's log goes to $OUT/logs; everything is packed into
 # $OUT/results.tgz (few files come back from the machine).
 #   usage: TESTS=... BENCH=... bash scripts/gpu_run.sh
@@ -32,15 +36,25 @@ mkdir -p "$LOGS"
 step() {
   local name=$1; shift
   local t0=$SECONDS
+  echo "$(date +%T.%N) start $name" >> "$LOGS/steps.txt"
   "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
+  echo "$(date +%T.%N) end $name" >> "$LOGS/steps.txt"
   echo "== $name: rc=$rc, $((SECONDS - t0)) s"
   tail -n "${TAIL:-15}" "$LOGS/$name.log"
   return $rc
 }
 
-pack() { tar czf "$OUT/results.tgz" -C "$OUT" logs $( [ -d "$OUT/res" ] && echo res ); }
+pack() {
+  [ -n "${CLOCK_PID:-}" ] && kill "$CLOCK_PID" 2>/dev/null
+  tar czf "$OUT/results.tgz" -C "$OUT" logs $( [ -d "$OUT/res" ] && echo res )
+}
 trap pack EXIT
+if [ -n "${CLOCK_LOG:-}" ]; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 100 > "$LOGS/clocks.csv" 2>&1 &
+  CLOCK_PID=$!
+fi
 
 step env bash -c 'nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv;
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"'
@@ -49,11 +63,14 @@ dev_build() {  # name source
   step "$1_build" nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
     "$2" csrc/fat_common.c -o "/tmp/$1"
 }
-[ -n "${SM90_CHECK:-}${NCU_SM90:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & }
-[ -n "${SM80_FWD_BENCH:-}" ] && { dev_build sm80_fwd_bench dev/sm80_fwd_bench.cu & }
-[ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & }
-step build python3 -m pip install --no-build-isolation -e . -v || exit 1
-wait
+DEV_BUILDS=()  # their pids: the clock logger also runs in the background
+[ -n "${SM90_CHECK:-}${NCU_SM90:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & DEV_BUILDS+=($!); }
+[ -n "${SM80_FWD_BENCH:-}" ] && { dev_build sm80_fwd_bench dev/sm80_fwd_bench.cu & DEV_BUILDS+=($!); }
+[ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & DEV_BUILDS+=($!); }
+if [ -z "${SKIP_BUILD:-}" ]; then
+  step build python3 -m pip install --no-build-isolation -e . -v || exit 1
+fi
+[ ${#DEV_BUILDS[@]} -gt 0 ] && wait "${DEV_BUILDS[@]}"
 # which libstdc++ _C uses (setup.py: a toolchain that links it statically is redirected)
 step libstdcxx bash -c 'grep "links libstdc++" "$0"; ldd flash_attn_t/_C*.so | grep stdc' "$LOGS/build.log"
 # dev/sm80_<pass>_bench: time at each shape ("all" = its grid)
@@ -79,9 +96,10 @@ fi
 PIPE_METRICS="regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active"
 for shape in ${NCU_SM90:-}; do
   [ -x /tmp/sm90_check ] && TAIL=3 step "ncu_sm90_$shape" ncu --clock-control none $NCU_SECTIONS \
-    --metrics "$PIPE_METRICS" -k regex:fwd_kernel --launch-skip 1 -c 1 /tmp/sm90_check one ${shape/x/ }
+    --metrics "$PIPE_METRICS,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second" -k regex:fwd_kernel --launch-skip 1 -c 1 /tmp/sm90_check one ${shape//x/ }
 done
 grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20
+[ -n "${SKIP_BUILD:-}" ] && exit 0
 step main python3 -m flash_attn_t --seqlen 1024
 if [ -n "${TESTS:-}" ]; then
   TAIL=40 step tests timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $TESTS

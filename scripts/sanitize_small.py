@@ -39,5 +39,9 @@ if __name__ == "__main__":
     # persistent defaults (two Q buffers) with more tiles than SMs: CTAs run several
     run_dense(4, 600, 600, 16, 4, 64, backward=False, causal=True)
     run_dense(2, 1000, 1000, 16, 16, 128, backward=False, causal=True)
+    run_dense(4, 1000, 1000, 16, 16, 128, backward=False)  # pingpong persistent
+    # D = 64 non-causal: three consumer warpgroups, persistent (several tiles per CTA) and not
+    run_dense(3, 900, 700, 64, 16, 64, backward=False)
+    run_dense(1, 6000, 6000, 2, 2, 64, backward=False)
     torch.cuda.synchronize()
     print("sanitize_small: done,", flash_attn_t.last_cuda_backend())

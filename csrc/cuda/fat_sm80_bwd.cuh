@@ -533,9 +533,19 @@ __device__ __forceinline__ void store_c_to_global(T *dst, int64_t row_stride,
     }
 }
 
+/* atomicAdd of (x, y) into out[0], out[1] (8-byte aligned): one float2
+ * atomic on sm90, two float atomics before. */
+__device__ __forceinline__ void atomic_add_pair(float *out, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float2 *>(out), make_float2(x, y));
+#else
+    atomicAdd(out, x);
+    atomicAdd(out + 1, y);
+#endif
+}
+
 /* atomicAdd of C tiles into fp32 rows (g, g + 8) < row_limit, columns
- * (col0 + 8j + 2t) < col_limit; dst points at the warp's row 0, column 0
- * (8-byte aligned: one float2 atomic per pair on sm90). */
+ * (col0 + 8j + 2t) < col_limit; dst points at the warp's row 0, column 0. */
 template <int NTiles>
 __device__ __forceinline__ void atomic_add_c(float *dst, int64_t row_stride,
                                              const float (&c)[NTiles][4], int row_limit,
@@ -558,6 +568,24 @@ __device__ __forceinline__ void atomic_add_c(float *dst, int64_t row_stride,
 #endif
             }
     }
+}
+
+/* atomic_add_c of MTiles m16 tiles (rows 16 mt + g, + 8) with every row and
+ * column valid, straight-line: out points at this lane's first element (row
+ * g, column 2t of tile 0), every other address is out plus a warp-uniform
+ * offset. */
+template <int MTiles, int NTiles>
+__device__ __forceinline__ void atomic_add_c_full(float *out, int64_t row_stride,
+                                                  const float (&c)[MTiles][NTiles][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float *row = out + (16 * mt + 8 * half) * row_stride;
+#pragma unroll
+            for (int j = 0; j < NTiles; ++j)
+                atomic_add_pair(row + 8 * j, c[mt][j][2 * half], c[mt][j][2 * half + 1]);
+        }
 }
 
 template <int NTiles> __device__ __forceinline__ void zero_c(float (&c)[NTiles][4]) {
@@ -736,6 +764,22 @@ template <class Tile> struct KeysSharedA {
     }
 };
 
+/* One Q or dO tile of load_query_step: load_tile_rows_async (a single
+ * pointer per thread, unpredicated for full tiles), except with kSplitD = 1:
+ * those configs hold P^T, dS^T in registers and run at 255, where it makes
+ * BwdCompact<128> (sm_90a) and D = 64 (sm_80) spill. */
+template <class Cfg, typename T>
+__device__ __forceinline__ void load_query_tile(uint32_t tile, const T *gmem, int64_t row_stride,
+                                                int valid_rows, int valid_cols, int tid) {
+    using QTile = typename DkdvSmem<Cfg>::QTile;
+    if constexpr (Cfg::kSplitD > 1)
+        load_tile_rows_async<QTile, Cfg::kThreads, true>(tile, gmem, row_stride, valid_rows,
+                                                         valid_cols, tid);
+    else
+        load_tile_async<QTile, Cfg::kThreads, true>(tile, gmem, row_stride, valid_rows,
+                                                    valid_cols, tid);
+}
+
 /* Starts the async loads of one step: Q, dO rows q0.. of head h and their
  * lse_log2, dot (zero past the sequence end) into buffer buf. */
 template <typename T, class Cfg>
@@ -753,9 +797,8 @@ __device__ __forceinline__ void load_query_step(const BwdArgs &args, const Geome
                     (int64_t)h * p.do_head_stride;
     const uint32_t q_tile = smem + L::kQ + buf * QTile::kBytes;
     const uint32_t dout_tile = smem + L::kDout + buf * QTile::kBytes;
-    load_tile_async<QTile, Cfg::kThreads, true>(q_tile, q, p.q_row_stride, rows, p.d, tid);
-    load_tile_async<QTile, Cfg::kThreads, true>(dout_tile, dout, p.do_row_stride, rows, p.d_v,
-                                                tid);
+    load_query_tile<Cfg>(q_tile, q, p.q_row_stride, rows, p.d, tid);
+    load_query_tile<Cfg>(dout_tile, dout, p.do_row_stride, rows, p.d_v, tid);
     const int64_t stats = (int64_t)h * args.rows_q + geo.flat_q0 + q0;
     if (tid < 2 * BM) {
         const int i = tid % BM;
@@ -790,7 +833,10 @@ __device__ __forceinline__ void mma_dq(float (&acc)[MTiles][NTiles][4], uint32_t
     }
 }
 
-/* dQ rows q0.. of head h += dS K (dS^T in shared memory), by atomicAdd. */
+/* dQ rows q0.. of head h += dS K (dS^T in shared memory), by atomicAdd:
+ * straight-line when the warp's rows and all D columns are valid and
+ * kSplitD > 1 (with kSplitD = 1 that path spills BwdCompact<128> on
+ * sm_80, see load_query_tile). */
 template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry &geo,
                                              uint32_t smem, const DkdvWarp &w, int h, int q0) {
@@ -798,6 +844,7 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
     const int64_t row_stride = (int64_t)args.p.hq * D;
     float *dst = args.dq_accum + (geo.flat_q0 + q0 + w.dq_row0) * row_stride + (int64_t)h * D;
     const int row_limit = geo.seq.sq - q0 - w.dq_row0;
+    const bool full = Cfg::kSplitD > 1 && row_limit >= 16 * MT && args.p.d == D;
 #pragma unroll 1
     for (int c = 0; c < Cfg::kDqSpan / Cfg::kDqChunk; ++c) {
         const int col0 = w.dq_col0 + c * Cfg::kDqChunk;
@@ -805,10 +852,15 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) zero_c(acc[mt]);
         mma_dq<T, Cfg>(acc, smem, w.dq_row0, col0, w.lane);
+        if (full) {
+            atomic_add_c_full(dst + (w.lane >> 2) * row_stride + 2 * (w.lane & 3) + col0,
+                              row_stride, acc);
+        } else {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-            atomic_add_c(dst + 16 * mt * row_stride, row_stride, acc[mt], row_limit - 16 * mt,
-                         col0, args.p.d, w.lane);
+            for (int mt = 0; mt < MT; ++mt)
+                atomic_add_c(dst + 16 * mt * row_stride, row_stride, acc[mt],
+                             row_limit - 16 * mt, col0, args.p.d, w.lane);
+        }
     }
 }
 
@@ -887,13 +939,16 @@ __device__ __forceinline__ void dkdv_step(const BwdArgs &args, const Geometry &g
             store_packed_to_smem<DsTile>(smem + L::kDs, ds_packed[mt], w.key_row0 + 16 * mt,
                                          w.s_col0, w.lane);
         }
-        __syncthreads(); /* the key rows' P^T, dS^T over all query columns */
+        /* P^T, dS^T of every warp; the next step overwrites them only after
+         * dkdv_kernel's barrier at its top */
+        __syncthreads();
         const KeysSharedA<DsTile> pt = {smem + L::kP, w.key_row0, w.lane};
         const KeysSharedA<DsTile> dst = {smem + L::kDs, w.key_row0, w.lane};
         mma_keys_a_b<T, QTile, BM / 16>(dv, pt, dout, w.kv_col0, w.lane);
+        if (with_dq) dkdv_step_dq<T, Cfg>(args, geo, smem, w, h, q0);
         mma_keys_a_b<T, QTile, BM / 16>(dk, dst, q, w.kv_col0, w.lane);
     }
-    if (with_dq) {
+    if (Cfg::kSplitD == 1 && with_dq) {
         __syncthreads(); /* dS^T of every warp */
         dkdv_step_dq<T, Cfg>(args, geo, smem, w, h, q0);
     }

@@ -123,43 +123,6 @@ __device__ __forceinline__ KeyRange visible_keys(int first_row, int last_row, in
     return r;
 }
 
-/* load_tile_async for tiles whose 16-byte chunks divide evenly among the
- * threads (one chunk column per thread): each thread walks down its column
- * with one pointer, a few instructions per chunk instead of the index and
- * 64-bit address arithmetic of every chunk (a third of the loop's
- * instructions at D = 128 when K and V were loaded that way). */
-template <class Tile, int NThreads, typename T>
-__device__ __forceinline__ void load_tile_rows_async(uint32_t smem_base, const T *gmem,
-                                                     int64_t row_stride, int valid_rows,
-                                                     int valid_cols, int tid) {
-    constexpr int kChunksPerRow = Tile::kCols / 8;
-    if constexpr (NThreads % kChunksPerRow != 0 ||
-                  Tile::kRows % (NThreads / kChunksPerRow) != 0) {
-        load_tile_async<Tile, NThreads>(smem_base, gmem, row_stride, valid_rows, valid_cols, tid);
-    } else {
-        constexpr int kRowsPerPass = NThreads / kChunksPerRow;
-        /* tid re-read here (volatile): the per-thread address is rebuilt in
-         * a few instructions rather than hoisted and held across the
-         * caller's loop in registers */
-        asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
-        const int row = tid / kChunksPerRow, col = (tid % kChunksPerRow) * 8;
-        const T *src = gmem + row * row_stride + col;
-        const int64_t step = kRowsPerPass * row_stride;
-        if (valid_rows >= Tile::kRows && valid_cols >= Tile::kCols) { /* the common case */
-#pragma unroll
-            for (int r = 0; r < Tile::kRows; r += kRowsPerPass, src += step)
-                cp_async_16(smem_base + Tile::offset(row + r, col), src, true);
-            return;
-        }
-        const bool col_ok = col < valid_cols;
-#pragma unroll 1
-        for (int r = 0; r < Tile::kRows; r += kRowsPerPass, src += step) {
-            const bool valid = col_ok && row + r < valid_rows;
-            cp_async_16(smem_base + Tile::offset(row + r, col), valid ? src : gmem, valid);
-        }
-    }
-}
-
 /* Pointer to row 0 of head h of one sequence (dense or varlen). */
 template <typename T>
 __device__ __forceinline__ T *seq_head_ptr(const void *base, int64_t batch_stride,

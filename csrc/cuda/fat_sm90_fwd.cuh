@@ -3,14 +3,16 @@
  * ring of shared-memory stages, wgmma for both GEMMs, online softmax in
  * registers.  o and lse of fat_params, as fat::sm90_fwd<T, D> declares.
  *
- * One CTA computes one block of kBlockM = 128 query rows of one (batch, query
- * head) against the key blocks it can see (kBlockN keys each).  384 threads,
- * three warpgroups:
+ * One CTA computes one block of kBlockM = 64 kConsumers query rows (128 or
+ * 192) of one (batch, query head) against the key blocks it can see (kBlockN
+ * keys each).  128 (kConsumers + 1) threads, one producer warpgroup and two
+ * or three consumers:
  *   warpgroup 0 (producer, 24 registers): thread 0 issues the TMA loads: the
  *     Q block once, K_0, then K_{j+1} before V_j, each into stage j % kStages
  *     of its ring once the consumers released that stage (K and V have
  *     separate empty barriers: a K stage frees when S = Q K^T is done);
- *   warpgroups 1 and 2 (consumers, 240 registers): each owns 64 query rows.
+ *   warpgroups 1.. (consumers, 240 registers with two, 160 with three): each
+ *     owns 64 query rows.
  *     S = Q K^T (wgmma, both operands in shared memory), softcap / mask,
  *     online softmax on raw scores (one FFMA + ex2.approx per element), P
  *     (fp16/bf16 in registers) and O += P V (wgmma, A from registers, V read
@@ -20,21 +22,21 @@
  *   q  : kQBuffers x (kBlockM x D) (D / 64 panels of kBlockM rows each)
  *   k,v: kStages x (kBlockN x D)   (D / 64 panels of kBlockN rows each)
  *   barriers: q_full, q_empty per Q buffer; k_full, v_full (TMA bytes landed) and k_empty, v_empty
- *   (all 8 consumer warps are done with the stage) per stage; 256 pin slots.
+ *   (all consumer warps are done with the stage) per stage; 128 kConsumers pin slots.
  * Tensor maps are 4D (columns, rows, heads, batch): out-of-range rows and
  * columns [d, D) read as zeros; varlen maps span all packed rows (batch 1),
  * and rows past a sequence are masked (keys) or never stored (queries).
  * Key blocks that no query row of the CTA sees are skipped; element masks
  * run only on blocks that cross sk or a window/causal edge.
  *
- * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent>,
+ * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent, kConsumers>,
  * timed side by side by dev/sm90_fwd_check.cu; FwdDefault picks the default):
  *   kOverlap : FA3's intra-warpgroup overlap: issue S_{j+1}, rescale O, issue
  *              P_j V_j, wait for S_{j+1} only and run its softmax while P_j V_j
  *              is on the tensor cores;
- *   kPingPong: (with kOverlap) the two consumer warpgroups take turns issuing
- *              their GEMMs (named barriers), so one's softmax runs under the
- *              other's GEMMs;
+ *   kPingPong: (with kOverlap) the consumer warpgroups take turns issuing
+ *              their GEMMs (named barriers, round robin), so one's softmax
+ *              runs under the others' GEMMs;
  *   kPersistent: one CTA per SM runs tiles in fwd_tile_at's order; with two
  *              Q buffers (kQBuffers, where shared memory allows) the next
  *              tile's Q loads during this tile, else after its epilogue
@@ -57,24 +59,33 @@ namespace sm90 {
 /* ---- configuration ---------------------------------------------------------- */
 
 /* One compiled variant: head dim D, kBlockN keys per block, kStages K/V
- * stages, and the two scheduling flags described at the top. */
-template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false> struct FwdConfig {
+ * stages, the scheduling flags described at the top and the number of
+ * consumer warpgroups. */
+template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false, int Consumers = 2>
+struct FwdConfig {
     static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
     static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
     static_assert(!PingPong || Overlap, "ping-pong is built on the overlapped loop");
+    static_assert(Consumers == 2 || Consumers == 3, "two or three consumer warpgroups");
     static constexpr int kD = D;
-    static constexpr int kBlockM = 128; /* query rows: 64 per consumer warpgroup */
+    static constexpr int kConsumers = Consumers;
+    static constexpr int kBlockM = 64 * Consumers; /* query rows: 64 per consumer warpgroup */
     static constexpr int kBlockN = BN;
     static constexpr int kStages = Stages;
     static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent;
     static constexpr int kPanels = D / 64;
-    static constexpr int kThreads = 384;
+    static constexpr int kThreads = 128 * (Consumers + 1);
+    /* setmaxnreg: the producer drops to 24, the consumers share the rest
+     * of the 64K registers (multiples of 8) */
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
+    static constexpr int kConsumerWarps = 4 * Consumers; /* the count of every empty barrier */
     static constexpr uint32_t kQPanelBytes = kBlockM * 128;
     static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
     static constexpr uint32_t kQBytes = kQPanelBytes * kPanels;
     static constexpr uint32_t kKVBytes = kKVPanelBytes * kPanels; /* one K or one V block */
     /* q_full, q_empty: 2 slots each; 4 barriers per stage; then the pin slots */
-    static constexpr uint32_t kBarrierBytes = 8 * (4 + 4 * kStages) + 256 * 4;
+    static constexpr uint32_t kBarrierBytes = 8 * (4 + 4 * kStages) + 128 * Consumers * 4;
     /* + 1024: the dynamic window is aligned up by hand */
     static constexpr int kOneQSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
     static constexpr int kSmemLimit = 227 * 1024;
@@ -110,9 +121,9 @@ struct FwdArgs {
  * of stage 0, 1, ..., then the barriers. */
 template <class C> struct FwdSmem {
     uint8_t *q_base;
-    float *pin; /* 256 floats: pin_before_wait's slots */
+    float *pin; /* 128 kConsumers floats: pin_before_wait's slots */
     /* q_full/q_empty: one per Q buffer (2 slots); the others one per stage.
-     * full: TMA bytes landed; empty: all 8 consumer warps are done with it
+     * full: TMA bytes landed; empty: all consumer warps are done with it
      * (for q: the epilogue, persistent CTAs only). */
     uint64_t *q_full, *q_empty, *k_full, *v_full, *k_empty, *v_empty;
 
@@ -131,11 +142,11 @@ template <class C> struct FwdSmem {
     __device__ uint8_t *v(int stage) const { return k(stage) + C::kKVBytes; }
 };
 
-/* What one CTA computes: rows [m0, m0 + 128) of sequence b, head h, against
+/* What one CTA computes: rows [m0, m0 + kBlockM) of sequence b, head h, against
  * key blocks n_min..n_max (none when n_max < n_min). */
 struct FwdTile {
     SeqInfo seq;
-    int b, h, m0, rows; /* rows: valid query rows of the block, <= 128 */
+    int b, h, m0, rows; /* rows: valid query rows of the block, <= kBlockM */
     int shift;          /* seq.sk - seq.sq */
     int n_min, n_max;
 };
@@ -254,7 +265,7 @@ __device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
 
 /* ---- consumer pieces --------------------------------------------------------------- */
 
-/* Where one consumer thread sits: warpgroup wg (0/1), warp, g = lane / 4, t4 = lane % 4. */
+/* Where one consumer thread sits: warpgroup wg (0..kConsumers-1), warp, g = lane / 4, t4 = lane % 4. */
 struct Lane {
     int wg, tid, warp, g, t4;
 };
@@ -367,7 +378,7 @@ __device__ __forceinline__ void pack_p(uint32_t (&p)[BN / 16][4], const float (&
 }
 
 /* The stage's wgmmas are complete in every warp of this warpgroup once each
- * warp's lane 0 arrives (the empty barriers count 8 = both consumer warpgroups). */
+ * warp's lane 0 arrives (the empty barriers count every consumer warp). */
 __device__ __forceinline__ void release_stage(uint64_t *bar, const Lane &ln) {
     __syncwarp();
     if ((ln.tid & 31) == 0)
@@ -375,19 +386,18 @@ __device__ __forceinline__ void release_stage(uint64_t *bar, const Lane &ln) {
                                    bar);
 }
 
-/* Ping-pong turn taking: named barrier 3 is warpgroup 0's turn, 4 is
- * warpgroup 1's; 256 threads each (the waiter and the passer). */
-__device__ __forceinline__ void turn_wait(const Lane &ln) {
-    if (ln.wg == 0)
-        __barrier_sync_count(3, 256);
-    else
-        __barrier_sync_count(4, 256);
+/* Named barriers: 1 + wg is warpgroup wg's epilogue (128 threads);
+ * 1 + kConsumers + wg is its ping-pong turn, 256 threads (the waiter and the
+ * passer, warpgroup wg - 1 round robin). */
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-__device__ __forceinline__ void turn_pass(const Lane &ln) {
-    if (ln.wg == 0)
-        asm volatile("bar.arrive 4, 256;\n" ::: "memory");
-    else
-        asm volatile("bar.arrive 3, 256;\n" ::: "memory");
+template <class C> __device__ __forceinline__ void turn_wait(const Lane &ln) {
+    named_sync(1 + C::kConsumers + ln.wg, 256);
+}
+template <class C> __device__ __forceinline__ void turn_pass(const Lane &ln) {
+    const int next = ln.wg + 1 == C::kConsumers ? 0 : ln.wg + 1;
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + C::kConsumers + next) : "memory");
 }
 
 /* ---- consumer main loops ------------------------------------------------------------ */
@@ -462,11 +472,11 @@ __device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const Fw
     uint32_t p[BN / 16][4];
 
     const int s0 = it0 % C::kStages;
-    if (kPingPong && ln.wg == 1) turn_pass(ln); /* warpgroup 0 issues first */
+    if (kPingPong && ln.wg == C::kConsumers - 1) turn_pass<C>(ln); /* warpgroup 0 issues first */
     mbar_wait(&sm.k_full[s0], (uint32_t)(it0 / C::kStages) & 1);
-    if (kPingPong) turn_wait(ln);
+    if (kPingPong) turn_wait<C>(ln);
     issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(s0)));
-    if (kPingPong) turn_pass(ln);
+    if (kPingPong) turn_pass<C>(ln);
     wgmma_wait<0>();
     reg_fence(sc);
     release_stage(&sm.k_empty[s0], ln);
@@ -479,12 +489,12 @@ __device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const Fw
         const uint32_t cur_parity = (uint32_t)(it / C::kStages) & 1;
         const uint32_t next_parity = (uint32_t)((it + 1) / C::kStages) & 1;
         mbar_wait(&sm.k_full[next], next_parity);
-        if (kPingPong) turn_wait(ln);
+        if (kPingPong) turn_wait<C>(ln);
         issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(next)));
         scale_rows<C::kD>(st.o, alpha);
         mbar_wait(&sm.v_full[cur], cur_parity);
         issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)));
-        if (kPingPong) turn_pass(ln);
+        if (kPingPong) turn_pass<C>(ln);
         wgmma_wait<1>(); /* S of block n is done, P_j V_j may still run */
         reg_fence(sc);
         release_stage(&sm.k_empty[next], ln);
@@ -500,14 +510,14 @@ __device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const Fw
     const int cur = it % C::kStages;
     scale_rows<C::kD>(st.o, alpha);
     mbar_wait(&sm.v_full[cur], (uint32_t)(it / C::kStages) & 1);
-    if (kPingPong) turn_wait(ln);
+    if (kPingPong) turn_wait<C>(ln);
     issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)));
-    if (kPingPong) turn_pass(ln);
+    if (kPingPong) turn_pass<C>(ln);
     wgmma_wait<0>();
     reg_fence(st.o);
     reg_fence(p);
     release_stage(&sm.v_empty[cur], ln);
-    if (kPingPong && ln.wg == 0) turn_wait(ln); /* takes warpgroup 1's last pass */
+    if (kPingPong && ln.wg == 0) turn_wait<C>(ln); /* takes the last warpgroup's last pass */
 }
 
 /* ---- epilogue ------------------------------------------------------------------------- */
@@ -538,10 +548,7 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
             const uint32_t off = Tile::offset(64 * ln.wg + row_in_wg + 8 * half, 8 * blk + 2 * ln.t4);
             *(uint32_t *)(q + off) = elem<T>::pack(st.o[4 * blk + 2 * half], st.o[4 * blk + 2 * half + 1]);
         }
-    if (ln.wg == 0) /* the warpgroup's rows are staged */
-        __barrier_sync_count(1, 128);
-    else
-        __barrier_sync_count(2, 128);
+    named_sync(1 + ln.wg, 128); /* the warpgroup's rows are staged */
 
     const bool varlen = a.cu_seqlens_q != nullptr;
     T *o_head = (T *)a.o + (varlen ? t.seq.q_start * a.o_row_stride : (int64_t)t.b * a.o_batch_stride) +
@@ -604,20 +611,20 @@ __device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
 /* The body exists only in the sm_90a device pass: a build that also targets
  * sm_80 compiles an empty kernel there, which the dispatcher never launches. */
 template <typename T, class C>
-__global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ FwdArgs a) {
+__global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_constant__ FwdArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem_raw[];
     const FwdSmem<C> sm(smem_raw);
     if (threadIdx.x == 0) {
         for (int b = 0; b < C::kQBuffers; ++b) {
             cuda::ptx::mbarrier_init(&sm.q_full[b], 1);
-            cuda::ptx::mbarrier_init(&sm.q_empty[b], 8);
+            cuda::ptx::mbarrier_init(&sm.q_empty[b], C::kConsumerWarps);
         }
         for (int s = 0; s < C::kStages; ++s) {
             cuda::ptx::mbarrier_init(&sm.k_full[s], 1);
             cuda::ptx::mbarrier_init(&sm.v_full[s], 1);
-            cuda::ptx::mbarrier_init(&sm.k_empty[s], 8);
-            cuda::ptx::mbarrier_init(&sm.v_empty[s], 8);
+            cuda::ptx::mbarrier_init(&sm.k_empty[s], C::kConsumerWarps);
+            cuda::ptx::mbarrier_init(&sm.v_empty[s], C::kConsumerWarps);
         }
         cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
     }
@@ -627,7 +634,7 @@ __global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ Fwd
     const int first = C::kPersistent ? blockIdx.x : 0, step = C::kPersistent ? gridDim.x : 1;
     const int end = C::kPersistent ? a.tiles : 1;
     if (wg == 0) {
-        regs_release<24>();
+        regs_release<C::kProducerRegs>();
         if (threadIdx.x != 0) return;
         for (int i = first, tile_no = 0, it = 0; i < end; i += step) {
             const FwdTile t = fwd_tile_at<C>(a, i);
@@ -637,7 +644,7 @@ __global__ void __launch_bounds__(384, 1) fwd_kernel(const __grid_constant__ Fwd
             it += t.n_max >= t.n_min ? t.n_max - t.n_min + 1 : 0;
         }
     } else {
-        regs_claim<240>();
+        regs_claim<C::kConsumerRegs>();
         for (int i = first, tile_no = 0, it = 0; i < end; i += step) {
             const FwdTile t = fwd_tile_at<C>(a, i);
             if (t.rows <= 0) continue;
@@ -782,26 +789,33 @@ using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPon
 
 /* The default of each head dim: FwdDefault<D>::launch picks a variant by
  * the query length (and causal), from the H200 tables of NOTES.md
- * (dev/sm90_fwd_check, bf16, 16 heads, 16k tokens; runs 5a and 7a):
- *   D = 128: causal up to 4k overlap persistent (two Q buffers; +7-25% at
- *            512-4k, run 7a), other lengths up to 8k overlap BN128 (the
- *            persistent one loses 1-11% non-causal at 512-2k); beyond 8k
- *            pingpong n176 (FA3's tile; 618 vs 611 at 16k, run 2; overlap
- *            BN128 was level with it at 16k in run 7d);
- *   D = 64:  below 4k pingpong persistent (two Q buffers; +5-17%, run 7a);
- *            from 4k pingpong n192 (+5-9% non-causal, +3-5% causal at
- *            8k-16k, run 5a);
+ * (dev/sm90_fwd_check, bf16, 16 heads, 16k tokens; runs 5a, 7a, 8a):
+ *   D = 128: non-causal up to 1k pingpong persistent (+2-19% at 512-1k in
+ *            runs 7b and 8a; mixed at 2k); causal up to 4k overlap
+ *            persistent (two Q buffers; +7-25% at 512-4k, run 7a); other
+ *            lengths up to 8k overlap BN128; beyond 8k pingpong n176 (FA3's
+ *            tile; 618 vs 611 at 16k, run 2; overlap BN128 was level with
+ *            it at 16k in run 7d);
+ *   D = 64:  non-causal: three consumer warpgroups (192-row tiles), ping-
+ *            pong, persistent up to 4k (+6-18% at 512-4k, run 8a) and with
+ *            3 stages at 8k (+7%); beyond, pingpong n192 (level with it);
+ *            causal: below 4k pingpong persistent (two Q buffers; +5-17%,
+ *            run 7a; 192-row tiles lose up to 25% there), from 4k pingpong
+ *            n192 (+5-9% non-causal, +3-5% causal at 8k-16k, run 5a);
  *   D = 256: overlap BN80 up to 2k (+20% at 1k-2k); beyond, pingpong BN80. */
 template <int D> struct FwdDefault;
 template <> struct FwdDefault<128> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
         if (p.sq > 8192) return launch_fwd<T, FwdConfig<128, 176, 2, true, true>>(p, stream);
         if (p.causal && p.sq <= 4096) return launch_fwd<T, FwdBase<128, false, true>>(p, stream);
+        if (!p.causal && p.sq <= 1024) return launch_fwd<T, FwdBase<128, true, true>>(p, stream);
         return launch_fwd<T, FwdBase<128, false>>(p, stream);
     }
 };
 template <> struct FwdDefault<64> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
+        if (!p.causal && p.sq <= 4096) return launch_fwd<T, FwdConfig<64, 128, 2, true, true, true, 3>>(p, stream);
+        if (!p.causal && p.sq <= 8192) return launch_fwd<T, FwdConfig<64, 128, 3, true, true, false, 3>>(p, stream);
         if (p.sq >= 4096) return launch_fwd<T, FwdConfig<64, 192, 3, true, true>>(p, stream);
         return launch_fwd<T, FwdBase<64, true, true>>(p, stream);
     }

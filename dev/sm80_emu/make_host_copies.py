@@ -46,6 +46,10 @@ for sig in ['__device__ __forceinline__ void cp_async_16(',
             '__device__ __forceinline__ void ldmatrix_x4(',
             '__device__ __forceinline__ void ldmatrix_x4_trans(']:
     p = remove_function(p, sig)
+old = 'asm volatile("mov.u32 %0, %%tid.x;\\n" : "=r"(tid));'
+if p.count(old) != 1:
+    sys.exit('expected once in fat_sm80_primitives.cuh: ' + old)
+p = p.replace(old, 'tid = threadIdx.x;')
 p = re.sub(r'template <typename T> __device__ __forceinline__ void mma_16816\(float c\[4\], const uint32_t a\[4\], const uint32_t b\[2\]\);', '', p)
 p = remove_all(p, 'template <> __device__ __forceinline__ void mma_16816<')
 open(OUT + 'fat_sm80_primitives.cuh', 'w').write(p)
@@ -74,7 +78,6 @@ def replace_once(src, old, new):
 
 f = open(SRC + 'fat_sm80_fwd.cuh').read()
 f = remove_function(f, '__device__ __forceinline__ float fast_exp2(')
-f = replace_once(f, 'asm volatile("mov.u32 %0, %%tid.x;\\n" : "=r"(tid));', 'tid = threadIdx.x;')
 f = replace_once(f, 'asm volatile("mov.u32 %0, %%ctaid.x;\\n" : "=r"(bid));', 'bid = blockIdx.x;')
 f = replace_once(f, 'asm volatile("st.shared.b32 [%0], %1;\\n" ::"r"(addr), "r"(packed));',
                  'emu::st_shared_u32(addr, packed);')
