@@ -69,10 +69,10 @@ DEV_BUILDS=()  # their pids: the clock logger also runs in the background
 [ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & DEV_BUILDS+=($!); }
 if [ -z "${SKIP_BUILD:-}" ]; then
   step build python3 -m pip install --no-build-isolation -e . -v || exit 1
+  # which libstdc++ _C uses (setup.py: a toolchain that links it statically is redirected)
+  step libstdcxx bash -c 'grep "links libstdc++" "$0"; ldd flash_attn_t/_C*.so | grep stdc' "$LOGS/build.log"
 fi
 [ ${#DEV_BUILDS[@]} -gt 0 ] && wait "${DEV_BUILDS[@]}"
-# which libstdc++ _C uses (setup.py: a toolchain that links it statically is redirected)
-step libstdcxx bash -c 'grep "links libstdc++" "$0"; ldd flash_attn_t/_C*.so | grep stdc' "$LOGS/build.log"
 # dev/sm80_<pass>_bench: time at each shape ("all" = its grid)
 sm80_bench() {
   local pass=$1
@@ -98,8 +98,8 @@ for shape in ${NCU_SM90:-}; do
   [ -x /tmp/sm90_check ] && TAIL=3 step "ncu_sm90_$shape" ncu --clock-control none $NCU_SECTIONS \
     --metrics "$PIPE_METRICS,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second" -k regex:fwd_kernel --launch-skip 1 -c 1 /tmp/sm90_check one ${shape//x/ }
 done
-grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20
 [ -n "${SKIP_BUILD:-}" ] && exit 0
+grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20
 step main python3 -m flash_attn_t --seqlen 1024
 if [ -n "${TESTS:-}" ]; then
   TAIL=40 step tests timeout ${TESTS_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $TESTS

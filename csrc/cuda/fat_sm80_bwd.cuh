@@ -545,7 +545,9 @@ __device__ __forceinline__ void atomic_add_pair(float *out, float x, float y) {
 }
 
 /* atomicAdd of C tiles into fp32 rows (g, g + 8) < row_limit, columns
- * (col0 + 8j + 2t) < col_limit; dst points at the warp's row 0, column 0. */
+ * (col0 + 8j + 2t) < col_limit; dst points at the warp's row 0, column 0.
+ * It spells out its atomics: through atomic_add_pair, ptxas spills 32 bytes
+ * in BwdCompact<128> on sm_80 (CUDA 13.0). */
 template <int NTiles>
 __device__ __forceinline__ void atomic_add_c(float *dst, int64_t row_stride,
                                              const float (&c)[NTiles][4], int row_limit,
