@@ -44,20 +44,16 @@
 
 /* The variants the check and the timing table cover (configs: VariantConfig
  * below).  "wide" is BN176 at D = 128, BN192 at D = 64 (none at D = 256);
- * "persistent": one CTA per SM running tiles in fwd_tile_at's order;
- * "3wg": three consumer warpgroups (192-row tiles, D = 64 only); "l2/4":
- * the persistent order with a quarter of the (batch, head) pairs per group
- * (FwdArgs::l2_heads / 4). */
+ * "persistent": one CTA per SM running jobs in cta_tile's order;
+ * "3wg": three consumer warpgroups (192-row tiles, D = 64 only). */
 enum Variant {
     SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
-    TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST, OVERLAP_PERSIST_L2_QUARTER,
-    DEFAULT
+    TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST, DEFAULT
 };
 static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpong", "pingpong wide",
                                       "overlap persistent", "pingpong persistent", "pingpong wide persistent",
                                       "3wg overlap", "3wg pingpong", "3wg pingpong 3 stages",
-                                      "3wg pingpong persistent", "overlap persistent l2/4",
-                                      "default (sm90_fwd)"};
+                                      "3wg pingpong persistent", "default (sm90_fwd)"};
 static const char *variant_name(Variant v, int d) {
     if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
     if (v == WIDE_PERSIST) return d == 128 ? "pingpong n176 persistent" : "pingpong n192 persistent";
@@ -72,8 +68,7 @@ static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG, WIDE, TRIPLE
                                                  TRIPLE_PINGPONG_3STAGES, DEFAULT};
 static const std::vector<Variant> variants_256 = {OVERLAP, PINGPONG, DEFAULT};
 /* D = 256 overlap persistent spills 20 bytes (ptxas): not built */
-static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, OVERLAP_PERSIST_L2_QUARTER, PINGPONG_PERSIST,
-                                                    WIDE_PERSIST};
+static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST};
 static const std::vector<Variant> persistent_64 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
                                                    TRIPLE_PINGPONG_PERSIST};
 static const std::vector<Variant> persistent_256 = {PINGPONG_PERSIST};
@@ -256,7 +251,6 @@ template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_3STAGES> {
 template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_PERSIST> {
     using C = FwdConfig<D, 128, 2, true, true, true, 3>;
 };
-template <int D> struct VariantConfig<D, OVERLAP_PERSIST_L2_QUARTER> { using C = FwdBase<D, false, true>; };
 
 /* Launches prepared arguments (args made for variant v's config): the timed
  * loop leaves tensor-map encoding out. */
@@ -265,7 +259,6 @@ template <typename T, int D, Variant V> static fat_status launch_prepared(const 
     using C = typename VariantConfig<D, V>::C;
     fat::sm90::FwdArgs a;
     if (!fat::sm90::make_fwd_args<T, C>(p, &a)) return FAT_ERR_UNSUPPORTED;
-    if (V == OVERLAP_PERSIST_L2_QUARTER) a.l2_heads = std::max(1, a.l2_heads / 4);
     fat_status st = fat::sm90::launch_fwd_args<T, C>(a, 0);
     if (st != FAT_OK || !time_it) return st;
     cudaEvent_t start, stop;
@@ -345,9 +338,6 @@ template <typename T, int D> static fat_status run_variant(Variant v, const fat_
         if (v == TRIPLE_PINGPONG) return launch_prepared<T, D, TRIPLE_PINGPONG>(p, time_it, ms);
         if (v == TRIPLE_PINGPONG_3STAGES) return launch_prepared<T, D, TRIPLE_PINGPONG_3STAGES>(p, time_it, ms);
         if (v == TRIPLE_PINGPONG_PERSIST) return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST>(p, time_it, ms);
-    }
-    if constexpr (D == 128) {
-        if (v == OVERLAP_PERSIST_L2_QUARTER) return launch_prepared<T, D, OVERLAP_PERSIST_L2_QUARTER>(p, time_it, ms);
     }
     if constexpr (D != 256) {
         if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);
@@ -612,6 +602,7 @@ int main(int argc, char **argv) {
         for (Variant v : variants_256) bench<256>(v);
         for (Variant v : persistent_128) bench<128>(v);
         for (Variant v : persistent_64) bench<64>(v);
+        for (Variant v : persistent_256) bench<256>(v);
     }
     return failures == 0 ? 0 : 1;
 }

@@ -10,7 +10,8 @@
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   NCU_SM90="64x2048 128x8192x0x1"  ncu of the sm90a forward at these shapes: head dim x
 #                           seqlen [x causal [x variant number of the check's enum; default sm90_fwd]]
-#                           (dev/sm90_fwd_check.cu "one"; pipe utilisation, DRAM bytes, L2 hits, clock)
+#                           (dev/sm90_fwd_check.cu "one"; pipe utilisation, stall reasons, DRAM bytes,
+#                           L2 hits, clock)
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
 #                           scripts/sanitize_small.py
 #   TESTS_SM80="pytest args"  the same with FLASH_ATTN_T_BACKEND=sm80 (mma.sync only)
@@ -94,9 +95,11 @@ if [ -n "${NCU:-}" ]; then
     python3 scripts/profile_bwd.py
 fi
 PIPE_METRICS="regex:sm__pipe_.*_cycles_active.avg.pct_of_peak_sustained_active,regex:sm__inst_executed_pipe_.*.avg.pct_of_peak_sustained_active"
+# cycles per issued instruction that warps spend stalled, by reason
+STALL_METRICS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
 for shape in ${NCU_SM90:-}; do
   [ -x /tmp/sm90_check ] && TAIL=3 step "ncu_sm90_$shape" ncu --clock-control none $NCU_SECTIONS \
-    --metrics "$PIPE_METRICS,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second" -k regex:fwd_kernel --launch-skip 1 -c 1 /tmp/sm90_check one ${shape//x/ }
+    --metrics "$PIPE_METRICS,$STALL_METRICS,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second" -k regex:fwd_kernel --launch-skip 1 -c 1 /tmp/sm90_check one ${shape//x/ }
 done
 [ -n "${SKIP_BUILD:-}" ] && exit 0
 grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20

@@ -40,6 +40,9 @@ if __name__ == "__main__":
     run_dense(4, 600, 600, 16, 4, 64, backward=False, causal=True)
     run_dense(2, 1000, 1000, 16, 16, 128, backward=False, causal=True)
     run_dense(4, 1000, 1000, 16, 16, 128, backward=False)  # pingpong persistent
+    # causal persistent CTAs take mirrored pairs of query blocks; 9 blocks: the middle one alone
+    run_dense(1, 1100, 1100, 12, 4, 128, backward=False, causal=True)
+    run_dense(4, 1000, 1000, 16, 16, 256, backward=False)  # D = 256 pingpong persistent
     # D = 64 non-causal: three consumer warpgroups, persistent (several tiles per CTA) and not
     run_dense(3, 900, 700, 64, 16, 64, backward=False)
     run_dense(1, 6000, 6000, 2, 2, 64, backward=False)

@@ -21,7 +21,8 @@
  *     K, V of the block stay in shared memory, dK, dV in fp32 registers.  It
  *     loops over the group's query heads and the query blocks (kBlockM rows)
  *     that can see the key block; each step computes, transposed so that
- *     rows are keys, S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, then
+ *     rows are keys, S^T = K Q^T, dP^T = V dO^T (the exponentials of P^T
+ *     between its MMAs), P^T, dS^T, then
  *     dV += P^T dO, dK += dS^T Q and (non-deterministic) dq_accum += dS K
  *     by atomicAdd, dS^T going through shared memory for that product.
  *  3. non-deterministic: bwd_dq_convert_kernel, warp per (row, head):
@@ -87,9 +88,12 @@ constexpr int dq_chunk_cols(int span, int m_tiles) {
  * kBlockM) / (16 kSplitD); with addressing they must fit 255 without spills
  * (ptxas -v, sm_80 and sm_90a).  Shared memory (padded tiles) must fit the
  * device (163 KB on an A100, 227 KB on an H100 / H200; the launcher answers
- * unsupported otherwise).  dq_kernel (deterministic mode) tiles depend on D
- * only. */
-template <int D_, int kWarps_, int kKeyTiles_, int kSplitD_, int kBlockM_, int kStages_>
+ * unsupported otherwise).  kOverlapScores: GradMath::score_part (the exp2
+ * of P, the tanh under softcap) between the MMAs of the dP^T GEMM
+ * (dkdv_step_grads); false (after both GEMMs) where that spills.  dq_kernel
+ * (deterministic mode) tiles depend on D only. */
+template <int D_, int kWarps_, int kKeyTiles_, int kSplitD_, int kBlockM_, int kStages_,
+          bool kOverlapScores_ = true>
 struct BwdTiles {
     static constexpr int D = D_;
     /* dkdv_kernel */
@@ -100,6 +104,7 @@ struct BwdTiles {
     static constexpr int kBlockN = 16 * kKeyTiles * kWarps / kSplitD;
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kStages = kStages_;
+    static constexpr bool kOverlapScores = kOverlapScores_;
     static constexpr int kSTiles = kBlockM / kSplitD / 8; /* n8 tiles of S^T per key tile */
     static constexpr int kKvTiles = D / kSplitD / 8;      /* n8 tiles of dK, dV per key tile */
     static constexpr int kDqMTiles = D >= 128 ? 2 : 1;    /* m16 tiles per warp in dQ */
@@ -137,9 +142,10 @@ struct BwdConfig
 
 /* Where BwdConfig<D> needs more shared memory than the device has (D = 128:
  * 177 KB, an A100 has 163 KB), the backward runs with BwdCompact<D>::type,
- * 16-key warp tiles (160 KB).  Other head dims fit everywhere. */
+ * 16-key warp tiles (160 KB), without kOverlapScores (28 bytes of spills on
+ * sm_90a with it).  Other head dims fit everywhere. */
 template <int D> struct BwdCompact { using type = BwdConfig<D>; };
-template <> struct BwdCompact<128> { using type = BwdTiles<128, 8, 1, 1, 64, 2>; };
+template <> struct BwdCompact<128> { using type = BwdTiles<128, 8, 1, 1, 64, 2, false>; };
 
 /* Byte offsets of dkdv_kernel's shared memory (all multiples of 16). */
 template <class Cfg> struct DkdvSmem {
@@ -340,22 +346,39 @@ __device__ __forceinline__ BlockRange key_blocks_seen(const Geometry &geo, int q
 
 /* ---- elementwise: scores to P, dP to dS ---------------------------------- */
 
+/* The elementwise math in two parts, so that the first can run before dP is
+ * known (overlapping the dP GEMM): score_part needs only s, grad_part the
+ * rest.  lse_log2 = +inf gives P = 0. */
 struct GradMath {
     float scale_log2, tanh_scale, cap_log2;
 
-    /* s (raw q.k) becomes P, dp becomes dS; lse_log2 = +inf gives P = 0. */
+    /* s (raw q.k) becomes P, or t = tanh(scale s / cap) under softcap. */
+    template <bool kSoftcap>
+    __device__ __forceinline__ void score_part(float &s, float lse_log2) const {
+        if (kSoftcap)
+            s = tanh_approx(s * tanh_scale);
+        else
+            s = exp2_approx(s * scale_log2 - lse_log2);
+    }
+
+    /* x from score_part becomes P, dp becomes dS. */
+    template <bool kSoftcap>
+    __device__ __forceinline__ void grad_part(float &x, float &dp, float lse_log2,
+                                              float dot) const {
+        if (kSoftcap) {
+            const float prob = exp2_approx(cap_log2 * x - lse_log2);
+            dp = prob * (dp - dot) * (1.f - x * x);
+            x = prob;
+        } else {
+            dp = x * (dp - dot);
+        }
+    }
+
+    /* Both parts: s (raw q.k) becomes P, dp becomes dS. */
     template <bool kSoftcap>
     __device__ __forceinline__ void apply(float &s, float &dp, float lse_log2, float dot) const {
-        if (kSoftcap) {
-            const float t = tanh_approx(s * tanh_scale);
-            const float prob = exp2_approx(cap_log2 * t - lse_log2);
-            s = prob;
-            dp = prob * (dp - dot) * (1.f - t * t);
-        } else {
-            const float prob = exp2_approx(s * scale_log2 - lse_log2);
-            s = prob;
-            dp = prob * (dp - dot);
-        }
+        score_part<kSoftcap>(s, lse_log2);
+        grad_part<kSoftcap>(s, dp, lse_log2, dot);
     }
 };
 
@@ -367,9 +390,20 @@ __device__ __forceinline__ GradMath make_grad_math(const BwdArgs &args) {
     return m;
 }
 
-/* Transposed tiles of one warp (rows keys, columns queries): P^T and dS^T
- * from S^T and dP^T in place; lse_log2 / dot are shared-memory arrays
- * indexed by the tile-local query column col0 + 8j + 2t (+1). */
+/* One n8 tile of a transposed warp tile (rows keys, columns queries col0 +
+ * 2t (+1)), in place: GradMath::score_part of S^T.  lse_log2 is a
+ * shared-memory array indexed by the tile-local query column. */
+template <bool kSoftcap>
+__device__ __forceinline__ void score_tile_by_column(float (&s)[4], const float *lse_log2,
+                                                     const GradMath &m, int col0, int lane) {
+    const int col = col0 + 2 * (lane & 3);
+    const float2 l = *reinterpret_cast<const float2 *>(lse_log2 + col);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) m.score_part<kSoftcap>(s[e], (e & 1) ? l.y : l.x);
+}
+
+/* The rest, after score_tile_by_column: P^T and dS^T from its output and dP^T
+ * in place; dot is indexed like lse_log2. */
 template <bool kSoftcap, int NTiles>
 __device__ __forceinline__ void grads_by_column(float (&s)[NTiles][4], float (&dp)[NTiles][4],
                                                 const float *lse_log2, const float *dot,
@@ -378,11 +412,12 @@ __device__ __forceinline__ void grads_by_column(float (&s)[NTiles][4], float (&d
 #pragma unroll
     for (int j = 0; j < NTiles; ++j) {
         const int col = col0 + 8 * j + 2 * t;
-        const float2 l = *reinterpret_cast<const float2 *>(lse_log2 + col);
         const float2 o = *reinterpret_cast<const float2 *>(dot + col);
+        float2 l = {}; /* grad_part reads lse_log2 under softcap only */
+        if (kSoftcap) l = *reinterpret_cast<const float2 *>(lse_log2 + col);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            m.apply<kSoftcap>(s[j][e], dp[j][e], (e & 1) ? l.y : l.x, (e & 1) ? o.y : o.x);
+            m.grad_part<kSoftcap>(s[j][e], dp[j][e], (e & 1) ? l.y : l.x, (e & 1) ? o.y : o.x);
     }
 }
 
@@ -699,15 +734,25 @@ template <class Cfg> __device__ __forceinline__ DkdvWarp make_dkdv_warp(int warp
     return w;
 }
 
+/* The default of mma_keys_a_bt's before_kstep: nothing between k-steps. */
+struct NoKstepWork {
+    __device__ __forceinline__ void operator()(int) const {}
+};
+
 /* acc[mt] (16 x 8 NTiles) += A_mt B^T over k = 16 KSteps for MTiles m16
  * tiles: A_mt = rows a_row0 + 16 mt.. of tile TA ([m][k]), B^T = rows
- * b_row0.. of tile TB ([n][k]); each B fragment feeds MTiles MMAs. */
-template <typename T, class TA, class TB, int KSteps, int MTiles, int NTiles>
+ * b_row0.. of tile TB ([n][k]); each B fragment feeds MTiles MMAs.
+ * before_kstep(ks) runs before the MMAs of k-step ks (independent work to
+ * interleave with them). */
+template <typename T, class TA, class TB, int KSteps, int MTiles, int NTiles,
+          class KstepWork = NoKstepWork>
 __device__ __forceinline__ void mma_keys_a_bt(float (&acc)[MTiles][NTiles][4], uint32_t a_tile,
                                               int a_row0, uint32_t b_tile, int b_row0,
-                                              int lane) {
+                                              int lane,
+                                              const KstepWork &before_kstep = KstepWork{}) {
 #pragma unroll
     for (int ks = 0; ks < KSteps; ++ks) {
+        before_kstep(ks);
         uint32_t a[MTiles][4];
 #pragma unroll
         for (int mt = 0; mt < MTiles; ++mt)
@@ -866,23 +911,64 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
     }
 }
 
-/* P^T, dS^T of one step from S^T, dP^T (key tile mt: rows keys k0 +
- * key_row0 + 16 mt.., columns queries q0 + s_col0..), packed to T. */
-template <typename T, class Cfg>
+/* dP^T = V dO^T into dp (key tile mt: rows keys key_row0 + 16 mt..,
+ * columns queries s_col0..), before_kstep(ks) ahead of each k-step. */
+template <typename T, class Cfg, class KstepWork>
+__device__ __forceinline__ void dkdv_step_dp(uint32_t smem, uint32_t dout, const DkdvWarp &w,
+                                             float (&dp)[Cfg::kKeyTiles][Cfg::kSTiles][4],
+                                             const KstepWork &before_kstep) {
+    using L = DkdvSmem<Cfg>;
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kKeyTiles; ++mt) zero_c(dp[mt]);
+    mma_keys_a_bt<T, typename L::KvTile, typename L::QTile, Cfg::D / 16>(
+        dp, smem + L::kV, w.key_row0, dout, w.s_col0, w.lane, before_kstep);
+}
+
+/* P^T, dS^T of one step, unmasked, from S^T in s (tiles as in dkdv_step_dp):
+ * GradMath::score_part, then (kOverlapScores) dP^T into dp, then
+ * grad_part; without kOverlapScores the caller computed dp first.  Nothing
+ * orders the score part and the GEMM but their registers, so ptxas can
+ * issue the score part's exponentials between the GEMM's MMAs; the caller's
+ * softcap branch surrounds the whole, so that it is one basic block each
+ * way. */
+template <typename T, class Cfg, bool kSoftcap>
 __device__ __forceinline__ void dkdv_step_grads(
-    const BwdArgs &args, const Geometry &geo, const float *lse_log2, const float *dot,
-    const DkdvWarp &w, int k0, int q0, float (&s)[Cfg::kKeyTiles][Cfg::kSTiles][4],
-    float (&dp)[Cfg::kKeyTiles][Cfg::kSTiles][4],
+    const GradMath &m, uint32_t smem, uint32_t dout, const float *lse_log2, const float *dot,
+    const DkdvWarp &w, float (&s)[Cfg::kKeyTiles][Cfg::kSTiles][4],
+    float (&dp)[Cfg::kKeyTiles][Cfg::kSTiles][4]) {
+    constexpr int kTiles = Cfg::kKeyTiles * Cfg::kSTiles, kSteps = Cfg::D / 16;
+    /* the score part of n8 tile i (of kTiles) goes before k-step
+     * i kSteps / kTiles of the GEMM, spreading the tiles over its k-steps */
+    const auto score_slice = [&](int ks) {
+#pragma unroll
+        for (int i = 0; i < kTiles; ++i) {
+            const int mt = i / Cfg::kSTiles, j = i % Cfg::kSTiles;
+            if (i * kSteps / kTiles == ks)
+                score_tile_by_column<kSoftcap>(s[mt][j], lse_log2, m, w.s_col0 + 8 * j, w.lane);
+        }
+    };
+    if constexpr (Cfg::kOverlapScores) {
+        dkdv_step_dp<T, Cfg>(smem, dout, w, dp, score_slice);
+    } else {
+#pragma unroll
+        for (int ks = 0; ks < kSteps; ++ks) score_slice(ks);
+    }
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kKeyTiles; ++mt)
+        grads_by_column<kSoftcap>(s[mt], dp[mt], lse_log2, dot, m, w.s_col0, w.lane);
+}
+
+/* dkdv_step_grads' P^T, dS^T (keys k0 + key_row0 + 16 mt.., queries q0 +
+ * s_col0..) masked and packed to T. */
+template <typename T, class Cfg>
+__device__ __forceinline__ void dkdv_step_pack(
+    const Geometry &geo, const DkdvWarp &w, int k0, int q0,
+    float (&s)[Cfg::kKeyTiles][Cfg::kSTiles][4], float (&dp)[Cfg::kKeyTiles][Cfg::kSTiles][4],
     uint32_t (&p_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2],
     uint32_t (&ds_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2]) {
-    const GradMath m = make_grad_math(args);
     const bool masked = geo.tile_needs_mask(k0, Cfg::kBlockN, q0, Cfg::kBlockM);
 #pragma unroll
     for (int mt = 0; mt < Cfg::kKeyTiles; ++mt) {
-        if (args.softcap)
-            grads_by_column<true>(s[mt], dp[mt], lse_log2, dot, m, w.s_col0, w.lane);
-        else
-            grads_by_column<false>(s[mt], dp[mt], lse_log2, dot, m, w.s_col0, w.lane);
         if (masked)
             zero_masked(s[mt], dp[mt], geo, k0 + w.key_row0 + 16 * mt, q0 + w.s_col0, true,
                         w.lane);
@@ -911,17 +997,20 @@ __device__ __forceinline__ void dkdv_step(const BwdArgs &args, const Geometry &g
     uint32_t p_packed[MT][ST][2], ds_packed[MT][ST][2];
     {
         float s[MT][ST][4], dp[MT][ST][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) zero_c(dp[mt]);
-        mma_keys_a_bt<T, KvTile, QTile, D / 16>(dp, smem + L::kV, w.key_row0, dout, w.s_col0,
-                                                w.lane);
+        if constexpr (!Cfg::kOverlapScores)
+            dkdv_step_dp<T, Cfg>(smem, dout, w, dp, NoKstepWork{});
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) zero_c(s[mt]);
         mma_keys_a_bt<T, KvTile, QTile, D / 16>(s, smem + L::kK, w.key_row0, q, w.s_col0,
                                                 w.lane);
-        dkdv_step_grads<T, Cfg>(args, geo, smem_f32 + L::kLse / 4 + buf * BM,
-                                smem_f32 + L::kDot / 4 + buf * BM, w, k0, q0, s, dp, p_packed,
-                                ds_packed);
+        const GradMath m = make_grad_math(args);
+        const float *lse_log2 = smem_f32 + L::kLse / 4 + buf * BM;
+        const float *dot = smem_f32 + L::kDot / 4 + buf * BM;
+        if (args.softcap)
+            dkdv_step_grads<T, Cfg, true>(m, smem, dout, lse_log2, dot, w, s, dp);
+        else
+            dkdv_step_grads<T, Cfg, false>(m, smem, dout, lse_log2, dot, w, s, dp);
+        dkdv_step_pack<T, Cfg>(geo, w, k0, q0, s, dp, p_packed, ds_packed);
     }
     if constexpr (Cfg::kSplitD == 1) {
         if (with_dq)

@@ -37,7 +37,7 @@
  *   kPingPong: (with kOverlap) the consumer warpgroups take turns issuing
  *              their GEMMs (named barriers, round robin), so one's softmax
  *              runs under the others' GEMMs;
- *   kPersistent: one CTA per SM runs tiles in fwd_tile_at's order; with two
+ *   kPersistent: one CTA per SM runs jobs in cta_tile's order; with two
  *              Q buffers (kQBuffers, where shared memory allows) the next
  *              tile's Q loads during this tile, else after its epilogue
  *              (q_empty); its K/V load during the epilogue.
@@ -106,9 +106,11 @@ struct FwdArgs {
     int64_t lse_batch_stride, lse_head_stride;
     int sq, sk, group, d_v; /* group = hq / hkv */
     int window_left, window_right; /* after causal; -1 = unbounded */
-    /* tiles: (batch, head, query block); the persistent scheduler's order
-     * (fwd_tile_at) takes l2_heads (batch, head) pairs at a time */
-    int batch, hq, m_blocks, l2_heads, tiles;
+    /* tiles: (batch, head, query block).  Persistent CTAs run jobs
+     * (cta_tile): one query block, or (paired) the blocks m_blocks - 1 - j
+     * and j of one (batch, head); job_blocks jobs per (batch, head) */
+    int batch, hq, m_blocks, tiles;
+    int paired, job_blocks, jobs;
     /* log2-domain score = x * exp_scale, x being what make_scores leaves:
      * without softcap x = q.k (exp_scale = scale * log2(e)); with softcap
      * x = tanh(q.k * tanh_scale) * softcap * log2(e) (exp_scale = 1). */
@@ -175,20 +177,31 @@ template <class C> __device__ FwdTile fwd_tile(const FwdArgs &a, int b, int h, i
     return t;
 }
 
-/* Tile number i of the launch.  Grid launch: blockIdx = (query block from
- * the last, head, batch), heaviest (causal) first.  Persistent: CTA c runs
- * tiles c, c + gridDim.x, ...; tiles come in groups of l2_heads (batch,
- * head) pairs (their K/V fit in half the L2), inside a group query blocks
- * from the last (heaviest first), the pairs of the group side by side, so
- * CTAs running at once read the same K/V. */
-template <class C> __device__ FwdTile fwd_tile_at(const FwdArgs &a, int i) {
-    if constexpr (!C::kPersistent)
-        return fwd_tile<C>(a, blockIdx.z, blockIdx.y, gridDim.x - 1 - blockIdx.x);
-    const int pairs = a.batch * a.hq, group_tiles = a.l2_heads * a.m_blocks;
-    const int group = i / group_tiles, in_group = i - group * group_tiles;
-    const int width = min(a.l2_heads, pairs - group * a.l2_heads);
-    const int bh = group * a.l2_heads + in_group % width;
-    return fwd_tile<C>(a, bh / a.hq, bh % a.hq, a.m_blocks - 1 - in_group / width);
+/* Tile number k of this CTA into *t; false when the CTA has no more.  Grid
+ * launch: one tile, blockIdx = (query block from the last, head, batch),
+ * so the hardware starts the heaviest (causal) first.  Persistent: CTA c
+ * runs jobs c, c + gridDim.x, ..., in (batch, head)-major order, so the
+ * CTAs running at once share the K/V of a few heads.  Causal tiles come in
+ * pairs (FwdArgs::paired): block m_blocks - 1 - j, then block j, which
+ * cost m_blocks + 1 key blocks together, so every job weighs the same and
+ * the static round robin stays balanced (the earlier heaviest-first static
+ * order gave the busiest CTA 13-31% more work than the mean at 2k-16k
+ * causal, in a model of the tile costs: benchmarks/NOTES.md, session 13).
+ * The second of a pair whose blocks coincide has no rows. */
+template <class C> __device__ bool cta_tile(const FwdArgs &a, int k, FwdTile *t) {
+    if constexpr (!C::kPersistent) {
+        if (k > 0) return false;
+        *t = fwd_tile<C>(a, blockIdx.z, blockIdx.y, gridDim.x - 1 - blockIdx.x);
+        return true;
+    }
+    const int per_job = a.paired ? 2 : 1, second = k % per_job;
+    const int job = blockIdx.x + (k / per_job) * gridDim.x;
+    if (job >= a.jobs) return false;
+    const int bh = job / a.job_blocks, j = job - bh * a.job_blocks, b = bh / a.hq;
+    const int mirror = a.m_blocks - 1 - j;
+    *t = fwd_tile<C>(a, b, bh - b * a.hq, second ? j : mirror);
+    if (second && j == mirror) t->rows = 0;
+    return true;
 }
 
 /* True when some valid row of the tile does not see every key of block n. */
@@ -631,13 +644,11 @@ __global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_consta
     __syncthreads();
     const int wg = threadIdx.x / 128;
     /* tile_no counts this CTA's tiles with rows, it the ring's loads */
-    const int first = C::kPersistent ? blockIdx.x : 0, step = C::kPersistent ? gridDim.x : 1;
-    const int end = C::kPersistent ? a.tiles : 1;
+    FwdTile t;
     if (wg == 0) {
         regs_release<C::kProducerRegs>();
         if (threadIdx.x != 0) return;
-        for (int i = first, tile_no = 0, it = 0; i < end; i += step) {
-            const FwdTile t = fwd_tile_at<C>(a, i);
+        for (int k = 0, tile_no = 0, it = 0; cta_tile<C>(a, k, &t); ++k) {
             if (t.rows <= 0) continue; /* varlen: this block lies past its sequence */
             fwd_produce<C>(a, t, sm, tile_no, it);
             ++tile_no;
@@ -645,8 +656,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_consta
         }
     } else {
         regs_claim<C::kConsumerRegs>();
-        for (int i = first, tile_no = 0, it = 0; i < end; i += step) {
-            const FwdTile t = fwd_tile_at<C>(a, i);
+        for (int k = 0, tile_no = 0, it = 0; cta_tile<C>(a, k, &t); ++k) {
             if (t.rows <= 0) continue;
             fwd_consume<T, C>(a, t, sm, wg - 1, tile_no, it);
             ++tile_no;
@@ -733,13 +743,11 @@ template <typename T, class C> bool make_fwd_args(const fat_params &p, FwdArgs *
     const int64_t tiles = (int64_t)a->m_blocks * p.b * p.hq;
     if (tiles > INT32_MAX) return false;
     a->tiles = (int)tiles;
-    /* (batch, head) pairs whose K and V fill half the L2 (50 MB on H100/H200) */
-    int device = 0, l2_bytes = 50 << 20;
-    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
-    const int64_t kv_bytes = (int64_t)(p.sk > 0 ? p.sk : 1) * (p.d + p.d_v) * 2;
-    int64_t l2_heads = (l2_bytes / 2) / kv_bytes;
-    l2_heads = l2_heads < 1 ? 1 : (l2_heads > (int64_t)p.b * p.hq ? (int64_t)p.b * p.hq : l2_heads);
-    a->l2_heads = (int)l2_heads;
+    /* causal (with no left window) query blocks cost in proportion to
+     * their index: persistent CTAs take them in mirrored pairs */
+    a->paired = p.causal && a->window_left < 0;
+    a->job_blocks = a->paired ? (a->m_blocks + 1) / 2 : a->m_blocks;
+    a->jobs = a->job_blocks * p.b * p.hq;
     const double log2e = 1.4426950408889634;
     if (p.softcap > 0) {
         a->exp_scale = 1.f;
@@ -766,7 +774,7 @@ template <typename T, class C> fat_status launch_fwd_args(const FwdArgs &a, cuda
         if (cudaGetDevice(&device) != cudaSuccess ||
             cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
             return FAT_ERR_CUDA;
-        grid = dim3(a.tiles < sms ? a.tiles : sms);
+        grid = dim3(a.jobs < sms ? a.jobs : sms);
     }
     if (a.tiles == 0) return FAT_OK;
     kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(a);
@@ -789,41 +797,54 @@ using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPon
 
 /* The default of each head dim: FwdDefault<D>::launch picks a variant by
  * the query length (and causal), from the H200 tables of NOTES.md
- * (dev/sm90_fwd_check, bf16, 16 heads, 16k tokens; runs 5a, 7a, 8a):
- *   D = 128: non-causal up to 1k pingpong persistent (+2-19% at 512-1k in
- *            runs 7b and 8a; mixed at 2k); causal up to 4k overlap
- *            persistent (two Q buffers; +7-25% at 512-4k, run 7a); other
- *            lengths up to 8k overlap BN128; beyond 8k pingpong n176 (FA3's
- *            tile; 618 vs 611 at 16k, run 2; overlap BN128 was level with
- *            it at 16k in run 7d);
+ * (dev/sm90_fwd_check, bf16, 16 heads, 16k tokens; runs 5a-9a; persistent
+ * CTAs in cta_tile's balanced order since run 9a):
+ *   D = 128: non-causal up to 1k pingpong persistent (+2-19% at 512-1k,
+ *            runs 7b, 8a), up to 4k overlap BN128, beyond pingpong n176
+ *            (FA3's tile; +3-4% at 8k, runs 8a and 9a); causal up to 4k
+ *            overlap persistent (+5-25% at 512-4k, runs 7a and 9a), beyond
+ *            pingpong n176 (+3% at 8k, level at 16k);
  *   D = 64:  non-causal: three consumer warpgroups (192-row tiles), ping-
  *            pong, persistent up to 4k (+6-18% at 512-4k, run 8a) and with
  *            3 stages at 8k (+7%); beyond, pingpong n192 (level with it);
- *            causal: below 4k pingpong persistent (two Q buffers; +5-17%,
- *            run 7a; 192-row tiles lose up to 25% there), from 4k pingpong
- *            n192 (+5-9% non-causal, +3-5% causal at 8k-16k, run 5a);
- *   D = 256: overlap BN80 up to 2k (+20% at 1k-2k); beyond, pingpong BN80. */
+ *            causal: up to 4k pingpong persistent (+5-17%, run 7a; +10%
+ *            at 4k over n192, run 9a), beyond three warpgroups, pingpong,
+ *            3 stages (+4% at 8k, level at 16k with n192, runs 8a and 9a);
+ *   D = 256: non-causal up to 1k pingpong persistent (+6-7% over overlap,
+ *            run 9a), 2k overlap BN80, beyond pingpong BN80; causal up to 1k
+ *            overlap, up to 8k pingpong persistent (+4-9% at 2k-8k, run
+ *            9a), beyond pingpong. */
 template <int D> struct FwdDefault;
 template <> struct FwdDefault<128> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
-        if (p.sq > 8192) return launch_fwd<T, FwdConfig<128, 176, 2, true, true>>(p, stream);
-        if (p.causal && p.sq <= 4096) return launch_fwd<T, FwdBase<128, false, true>>(p, stream);
-        if (!p.causal && p.sq <= 1024) return launch_fwd<T, FwdBase<128, true, true>>(p, stream);
+        if (p.sq > 4096) return launch_fwd<T, FwdConfig<128, 176, 2, true, true>>(p, stream);
+        if (p.causal) return launch_fwd<T, FwdBase<128, false, true>>(p, stream);
+        if (p.sq <= 1024) return launch_fwd<T, FwdBase<128, true, true>>(p, stream);
         return launch_fwd<T, FwdBase<128, false>>(p, stream);
     }
 };
 template <> struct FwdDefault<64> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
-        if (!p.causal && p.sq <= 4096) return launch_fwd<T, FwdConfig<64, 128, 2, true, true, true, 3>>(p, stream);
-        if (!p.causal && p.sq <= 8192) return launch_fwd<T, FwdConfig<64, 128, 3, true, true, false, 3>>(p, stream);
-        if (p.sq >= 4096) return launch_fwd<T, FwdConfig<64, 192, 3, true, true>>(p, stream);
-        return launch_fwd<T, FwdBase<64, true, true>>(p, stream);
+        using Triple3Stages = FwdConfig<64, 128, 3, true, true, false, 3>;
+        if (p.causal)
+            return p.sq <= 4096 ? launch_fwd<T, FwdBase<64, true, true>>(p, stream)
+                                : launch_fwd<T, Triple3Stages>(p, stream);
+        if (p.sq <= 4096) return launch_fwd<T, FwdConfig<64, 128, 2, true, true, true, 3>>(p, stream);
+        if (p.sq <= 8192) return launch_fwd<T, Triple3Stages>(p, stream);
+        return launch_fwd<T, FwdConfig<64, 192, 3, true, true>>(p, stream);
     }
 };
 template <> struct FwdDefault<256> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
-        if (p.sq > 2048) return launch_fwd<T, FwdBase<256, true>>(p, stream);
-        return launch_fwd<T, FwdBase<256, false>>(p, stream);
+        using Overlap = FwdBase<256, false>;
+        using PingPong = FwdBase<256, true>;
+        using PingPongPersistent = FwdBase<256, true, true>;
+        if (p.causal) {
+            if (p.sq <= 1024) return launch_fwd<T, Overlap>(p, stream);
+            return p.sq <= 8192 ? launch_fwd<T, PingPongPersistent>(p, stream) : launch_fwd<T, PingPong>(p, stream);
+        }
+        if (p.sq <= 1024) return launch_fwd<T, PingPongPersistent>(p, stream);
+        return p.sq <= 2048 ? launch_fwd<T, Overlap>(p, stream) : launch_fwd<T, PingPong>(p, stream);
     }
 };
 
