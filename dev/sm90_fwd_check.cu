@@ -60,9 +60,8 @@ static const char *variant_name(Variant v, int d) {
     return variant_names[v];
 }
 /* Checked on the short list and timed, per head dim (DEFAULT is also checked
- * on the full list).  The persistent variants lost almost everywhere in run
- * 5a with one Q buffer (benchmarks/NOTES.md); D = 64 and 128 (BN128, BN192)
- * now keep two and are timed again (after the others). */
+ * on the full list); the persistent lists are timed after the others (D = 64
+ * and 128 keep two Q buffers, D = 256 one; benchmarks/NOTES.md). */
 static const std::vector<Variant> variants_128 = {SERIAL, OVERLAP, WIDE, DEFAULT};
 static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG, WIDE, TRIPLE, TRIPLE_PINGPONG,
                                                  TRIPLE_PINGPONG_3STAGES, DEFAULT};
