@@ -14,6 +14,7 @@
  *            dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_check
  * run:   /tmp/sm90_check           correctness, then timing
  *        /tmp/sm90_check check     correctness only
+ *        /tmp/sm90_check thread-store  both, with O stored by threads, not TMA
  *        /tmp/sm90_check one D S [causal [variant]]   sm90_fwd (or variant
  *                                  number v of enum Variant) at one shape (for ncu)
  * Exit status 0 when every case passes.
@@ -44,16 +45,20 @@
 
 /* The variants the check and the timing table cover (configs: VariantConfig
  * below).  "wide" is BN176 at D = 128, BN192 at D = 64 (none at D = 256);
- * "persistent": one CTA per SM running jobs in cta_tile's order;
+ * "persistent": one CTA per SM running jobs in cta_tile's order ("carry":
+ * with the next tile's first S under the epilogue, FwdConfig::kCarryS);
  * "3wg": three consumer warpgroups (192-row tiles, D = 64 only). */
 enum Variant {
     SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
-    TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST, DEFAULT
+    TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST,
+    OVERLAP_PERSIST_CARRY, PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY, DEFAULT
 };
 static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpong", "pingpong wide",
                                       "overlap persistent", "pingpong persistent", "pingpong wide persistent",
                                       "3wg overlap", "3wg pingpong", "3wg pingpong 3 stages",
-                                      "3wg pingpong persistent", "default (sm90_fwd)"};
+                                      "3wg pingpong persistent", "overlap persistent carry",
+                                      "pingpong persistent carry", "3wg pingpong persistent carry",
+                                      "default (sm90_fwd)"};
 static const char *variant_name(Variant v, int d) {
     if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
     if (v == WIDE_PERSIST) return d == 128 ? "pingpong n176 persistent" : "pingpong n192 persistent";
@@ -67,9 +72,11 @@ static const std::vector<Variant> variants_64 = {OVERLAP, PINGPONG, WIDE, TRIPLE
                                                  TRIPLE_PINGPONG_3STAGES, DEFAULT};
 static const std::vector<Variant> variants_256 = {OVERLAP, PINGPONG, DEFAULT};
 /* D = 256 overlap persistent spills 20 bytes (ptxas): not built */
-static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST};
+static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
+                                                    OVERLAP_PERSIST_CARRY, PINGPONG_PERSIST_CARRY};
 static const std::vector<Variant> persistent_64 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
-                                                   TRIPLE_PINGPONG_PERSIST};
+                                                   TRIPLE_PINGPONG_PERSIST, OVERLAP_PERSIST_CARRY,
+                                                   PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY};
 static const std::vector<Variant> persistent_256 = {PINGPONG_PERSIST};
 
 struct Case {
@@ -250,6 +257,20 @@ template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_3STAGES> {
 template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_PERSIST> {
     using C = FwdConfig<D, 128, 2, true, true, true, 3>;
 };
+/* "carry": the next tile's first S runs under the epilogue (FwdConfig::kCarryS) */
+template <int D> struct VariantConfig<D, OVERLAP_PERSIST_CARRY> {
+    using C = FwdConfig<D, 128, D == 64 ? 3 : 2, true, false, true, 2, true>;
+};
+template <int D> struct VariantConfig<D, PINGPONG_PERSIST_CARRY> {
+    using C = FwdConfig<D, 128, D == 64 ? 3 : 2, true, true, true, 2, true>;
+};
+template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_PERSIST_CARRY> {
+    using C = FwdConfig<D, 128, 2, true, true, true, 3, true>;
+};
+
+/* "thread-store" on the command line: O leaves by 16-byte thread stores
+ * instead of TMA stores in every variant but the default (FwdArgs::o_tma). */
+static bool g_thread_store = false;
 
 /* Launches prepared arguments (args made for variant v's config): the timed
  * loop leaves tensor-map encoding out. */
@@ -258,6 +279,7 @@ template <typename T, int D, Variant V> static fat_status launch_prepared(const 
     using C = typename VariantConfig<D, V>::C;
     fat::sm90::FwdArgs a;
     if (!fat::sm90::make_fwd_args<T, C>(p, &a)) return FAT_ERR_UNSUPPORTED;
+    if (g_thread_store) a.o_tma = 0;
     fat_status st = fat::sm90::launch_fwd_args<T, C>(a, 0);
     if (st != FAT_OK || !time_it) return st;
     cudaEvent_t start, stop;
@@ -337,11 +359,15 @@ template <typename T, int D> static fat_status run_variant(Variant v, const fat_
         if (v == TRIPLE_PINGPONG) return launch_prepared<T, D, TRIPLE_PINGPONG>(p, time_it, ms);
         if (v == TRIPLE_PINGPONG_3STAGES) return launch_prepared<T, D, TRIPLE_PINGPONG_3STAGES>(p, time_it, ms);
         if (v == TRIPLE_PINGPONG_PERSIST) return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST>(p, time_it, ms);
+        if (v == TRIPLE_PINGPONG_PERSIST_CARRY)
+            return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST_CARRY>(p, time_it, ms);
     }
     if constexpr (D != 256) {
         if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);
         if (v == WIDE) return launch_prepared<T, D, WIDE>(p, time_it, ms);
         if (v == WIDE_PERSIST) return launch_prepared<T, D, WIDE_PERSIST>(p, time_it, ms);
+        if (v == OVERLAP_PERSIST_CARRY) return launch_prepared<T, D, OVERLAP_PERSIST_CARRY>(p, time_it, ms);
+        if (v == PINGPONG_PERSIST_CARRY) return launch_prepared<T, D, PINGPONG_PERSIST_CARRY>(p, time_it, ms);
     }
     return FAT_ERR_UNSUPPORTED;
 }
@@ -560,6 +586,8 @@ template <int D> static int run_one(int s, int causal, Variant v) {
 
 int main(int argc, char **argv) {
     const bool check_only = argc > 1 && strcmp(argv[1], "check") == 0;
+    g_thread_store = argc > 1 && strcmp(argv[1], "thread-store") == 0;
+    if (g_thread_store) printf("O by thread stores (FwdArgs::o_tma = 0) in every variant but the default\n");
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
@@ -589,6 +617,8 @@ int main(int argc, char **argv) {
     check_list<__half, 64>(cases_small(64), WIDE);
     check_list<__half, 64>(cases_small(64), TRIPLE_PINGPONG);
     check_list<__half, 64>(cases_main(64), TRIPLE_PINGPONG_PERSIST);
+    check_list<__half, 64>(cases_main(64), TRIPLE_PINGPONG_PERSIST_CARRY);
+    check_list<__nv_bfloat16, 128>(cases_main(128), OVERLAP_PERSIST_CARRY);
     check_list<__nv_bfloat16, 256>(cases_small(256), DEFAULT);
     check_list<__half, 256>(cases_small(256), DEFAULT);
     for (Variant v : variants_256)

@@ -3,6 +3,8 @@
 # machine's torch, run the main command, then whatever the environment asks:
 #   TESTS="pytest args"     e.g. TESTS="-k cuda tests"   (GPU test suite; TESTS_TIMEOUT s)
 #   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone; SM90_CHECK_TIMEOUT s)
+#   SM90_CHECK_MODES="full thread-store"  one check run per mode (full = no argument;
+#                           default: one run with SM90_CHECK_ARGS)
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
@@ -85,8 +87,16 @@ sm80_bench() {
 }
 [ -n "${SM80_FWD_BENCH:-}" ] && sm80_bench fwd
 [ -n "${SM80_BWD_BENCH:-}" ] && sm80_bench bwd
-[ -n "${SM90_CHECK:-}" ] && [ -x /tmp/sm90_check ] &&
-  TAIL=60 step sm90_check timeout ${SM90_CHECK_TIMEOUT:-150} /tmp/sm90_check $SM90_CHECK_ARGS
+if [ -n "${SM90_CHECK:-}" ] && [ -x /tmp/sm90_check ]; then
+  if [ -z "${SM90_CHECK_MODES:-}" ]; then
+    TAIL=60 step sm90_check timeout ${SM90_CHECK_TIMEOUT:-150} /tmp/sm90_check $SM90_CHECK_ARGS
+  else
+    for mode in $SM90_CHECK_MODES; do
+      [ "$mode" = full ] && args="" || args=$mode
+      TAIL=60 step "sm90_check_$mode" timeout ${SM90_CHECK_TIMEOUT:-150} /tmp/sm90_check $args
+    done
+  fi
+fi
 NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 if [ -n "${NCU:-}" ]; then
   [ -x /tmp/sm80_fwd_bench ] && TAIL=3 step ncu_fwd ncu --clock-control none $NCU_SECTIONS \

@@ -45,6 +45,10 @@ if __name__ == "__main__":
     run_dense(4, 1000, 1000, 16, 16, 256, backward=False)  # D = 256 pingpong persistent
     # D = 64 non-causal: three consumer warpgroups, persistent (several tiles per CTA) and not
     run_dense(3, 900, 700, 64, 16, 64, backward=False)
-    run_dense(1, 6000, 6000, 2, 2, 64, backward=False)
+    run_dense(1, 6000, 6000, 2, 2, 64, backward=False)  # n192 persistent
+    # D = 128 non-causal 2k-4k: persistent, the next tile's first S under the epilogue
+    run_dense(2, 3000, 3000, 8, 8, 128, backward=False)
+    run_varlen([3000, 5, 1200, 2100], 4, 2, 128)  # rows past a sequence: thread stores
+    run_dense(2, 2500, 2500, 16, 4, 64, backward=False, causal=True)  # n192 persistent causal
     torch.cuda.synchronize()
     print("sanitize_small: done,", flash_attn_t.last_cuda_backend())

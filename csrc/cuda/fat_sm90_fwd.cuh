@@ -16,10 +16,13 @@
  *     S = Q K^T (wgmma, both operands in shared memory), softcap / mask,
  *     online softmax on raw scores (one FFMA + ex2.approx per element), P
  *     (fp16/bf16 in registers) and O += P V (wgmma, A from registers, V read
- *     N-major); finally O / l through shared memory (the dead Q rows of the
- *     warpgroup) to global with 16-byte stores, and lse = (m + log2 l) ln 2.
+ *     N-major); finally O / l through shared memory (the O buffer, or the
+ *     dead Q rows of the warpgroup) to global by TMA store (16-byte thread
+ *     stores where TMA cannot describe o or the rows cross the end of a
+ *     varlen sequence), and lse = (m + log2 l) ln 2.
  * Shared memory (fat_sm90_primitives.cuh describes the 128B-swizzled panels):
  *   q  : kQBuffers x (kBlockM x D) (D / 64 panels of kBlockM rows each)
+ *   o  : kOBuffers (0 or 1) x (kBlockM x D), the same layout (persistent CTAs)
  *   k,v: kStages x (kBlockN x D)   (D / 64 panels of kBlockN rows each)
  *   barriers: q_full, q_empty per Q buffer; k_full, v_full (TMA bytes landed) and k_empty, v_empty
  *   (all consumer warps are done with the stage) per stage; 128 kConsumers pin slots.
@@ -29,7 +32,7 @@
  * Key blocks that no query row of the CTA sees are skipped; element masks
  * run only on blocks that cross sk or a window/causal edge.
  *
- * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent, kConsumers>,
+ * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent, kConsumers, kCarryS>,
  * timed side by side by dev/sm90_fwd_check.cu; FwdDefault picks the default):
  *   kOverlap : FA3's intra-warpgroup overlap: issue S_{j+1}, rescale O, issue
  *              P_j V_j, wait for S_{j+1} only and run its softmax while P_j V_j
@@ -39,8 +42,12 @@
  *              runs under the others' GEMMs;
  *   kPersistent: one CTA per SM runs jobs in cta_tile's order; with two
  *              Q buffers (kQBuffers, where shared memory allows) the next
- *              tile's Q loads during this tile, else after its epilogue
- *              (q_empty); its K/V load during the epilogue.
+ *              tile's Q loads during this tile, else after its main loop
+ *              (with an O buffer) or its epilogue (q_empty); its K/V load
+ *              during the epilogue;
+ *   kCarryS:   (persistent, two Q buffers and an O buffer) the first S of
+ *              tile t + 1 is issued before the epilogue of tile t, which
+ *              then runs while that GEMM is on the tensor cores.
  */
 #pragma once
 
@@ -61,7 +68,8 @@ namespace sm90 {
 /* One compiled variant: head dim D, kBlockN keys per block, kStages K/V
  * stages, the scheduling flags described at the top and the number of
  * consumer warpgroups. */
-template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false, int Consumers = 2>
+template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false, int Consumers = 2,
+          bool CarryS = false>
 struct FwdConfig {
     static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
     static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
@@ -72,7 +80,7 @@ struct FwdConfig {
     static constexpr int kBlockM = 64 * Consumers; /* query rows: 64 per consumer warpgroup */
     static constexpr int kBlockN = BN;
     static constexpr int kStages = Stages;
-    static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent;
+    static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent, kCarryS = CarryS;
     static constexpr int kPanels = D / 64;
     static constexpr int kThreads = 128 * (Consumers + 1);
     /* setmaxnreg: the producer drops to 24, the consumers share the rest
@@ -92,13 +100,25 @@ struct FwdConfig {
     /* persistent CTAs keep two Q buffers where shared memory allows: the
      * next tile's Q loads while this tile runs (not at D = 256 or BN176) */
     static constexpr int kQBuffers = Persistent && kOneQSmemBytes + (int)kQBytes <= kSmemLimit ? 2 : 1;
-    static constexpr int kSmemBytes = kOneQSmemBytes + (kQBuffers - 1) * kQBytes;
+    /* and, where it still fits, a buffer of their own for staging O, so the
+     * Q buffer is released when the main loop ends, before the epilogue
+     * (else O is staged in the tile's Q buffer) */
+    static constexpr int kOBuffers =
+        Persistent && kOneQSmemBytes + (kQBuffers - 1 + 1) * (int)kQBytes <= kSmemLimit ? 1 : 0;
+    static constexpr int kSmemBytes = kOneQSmemBytes + (kQBuffers - 1 + kOBuffers) * kQBytes;
     static_assert(kSmemBytes <= kSmemLimit, "shared memory of one CTA");
+    /* the next tile's first S runs under this tile's epilogue: it needs the
+     * next Q in the other buffer, and a tile with no keys (or no next tile)
+     * issues it on that Q buffer alone (kBlockN of its rows) */
+    static_assert(!CarryS || (Persistent && Overlap && kQBuffers == 2 && kOBuffers == 1 && BN <= kBlockM),
+                  "carrying S: persistent, overlapped, two Q buffers and an O buffer, kBlockN <= kBlockM");
 };
 
 /* Everything the kernel reads, by value (tensor maps must live in param space). */
 struct FwdArgs {
     CUtensorMap q_map, k_map, v_map; /* (cols, rows, heads, batch) */
+    CUtensorMap o_map;               /* the same for o, boxes of 64 rows (one warpgroup's) */
+    int o_tma;                       /* o_map is valid: O leaves by TMA store */
     void *o;
     float *lse;
     const int32_t *cu_seqlens_q, *cu_seqlens_k;
@@ -119,8 +139,8 @@ struct FwdArgs {
     float softcap_log2; /* softcap * log2(e); 0 = off */
 };
 
-/* The shared-memory window of one CTA: the kQBuffers Q buffers, then (k, v)
- * of stage 0, 1, ..., then the barriers. */
+/* The shared-memory window of one CTA: the kQBuffers Q buffers, the O
+ * buffer (kOBuffers), then (k, v) of stage 0, 1, ..., then the barriers. */
 template <class C> struct FwdSmem {
     uint8_t *q_base;
     float *pin; /* 128 kConsumers floats: pin_before_wait's slots */
@@ -140,7 +160,11 @@ template <class C> struct FwdSmem {
         pin = (float *)(v_empty + C::kStages);
     }
     __device__ uint8_t *q(int buf) const { return q_base + buf * C::kQBytes; }
-    __device__ uint8_t *k(int stage) const { return q_base + C::kQBuffers * C::kQBytes + stage * 2 * C::kKVBytes; }
+    /* where tile O is staged for its store: the O buffer, or Q buffer buf */
+    __device__ uint8_t *o_stage(int buf) const { return C::kOBuffers ? q(C::kQBuffers) : q(buf); }
+    __device__ uint8_t *k(int stage) const {
+        return q_base + (C::kQBuffers + C::kOBuffers) * C::kQBytes + stage * 2 * C::kKVBytes;
+    }
     __device__ uint8_t *v(int stage) const { return k(stage) + C::kKVBytes; }
 };
 
@@ -202,6 +226,18 @@ template <class C> __device__ bool cta_tile(const FwdArgs &a, int k, FwdTile *t)
     *t = fwd_tile<C>(a, b, bh - b * a.hq, second ? j : mirror);
     if (second && j == mirror) t->rows = 0;
     return true;
+}
+
+/* The CTA's next tile with rows (varlen blocks past their sequence and the
+ * empty second of a pair have none), from tile number *k on; *k moves past it. */
+template <class C> __device__ bool next_tile(const FwdArgs &a, int *k, FwdTile *t) {
+    while (cta_tile<C>(a, (*k)++, t))
+        if (t->rows > 0) return true;
+    return false;
+}
+
+__device__ __forceinline__ int key_blocks(const FwdTile &t) {
+    return t.n_max >= t.n_min ? t.n_max - t.n_min + 1 : 0;
 }
 
 /* True when some valid row of the tile does not see every key of block n. */
@@ -474,22 +510,26 @@ __device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const Fwd
 /* v2 (the FA3 order): issue S_{j+1} = Q K_{j+1}^T, rescale O by block j's
  * alpha while it runs, issue O += P_j V_j; wait for S_{j+1} only, release
  * K_{j+1}, run the softmax of block j+1 under P_j V_j; then wait for it,
- * release V_j and convert P_{j+1}. */
-template <typename T, class C>
-__device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
-                                 const FwdSmem<C> &sm, const uint8_t *q, const Lane &ln, int it0) {
+ * release V_j and convert P_{j+1}.  kS0Issued: the first S is already on
+ * its way into sc (issue_first_s, under the previous tile's epilogue). */
+template <typename T, class C, bool kS0Issued>
+__device__ void mainloop_overlap(RowState<C::kD> &st, float (&sc)[C::kBlockN / 2], const FwdArgs &a,
+                                 const FwdTile &t, const FwdSmem<C> &sm, const uint8_t *q, const Lane &ln,
+                                 int it0) {
     constexpr int BN = C::kBlockN;
     constexpr bool kPingPong = C::kPingPong;
     const uint32_t q_addr = smem_u32(q) + ln.wg * 64 * 128;
-    float sc[BN / 2], alpha[2];
+    float alpha[2];
     uint32_t p[BN / 16][4];
 
     const int s0 = it0 % C::kStages;
     if (kPingPong && ln.wg == C::kConsumers - 1) turn_pass<C>(ln); /* warpgroup 0 issues first */
-    mbar_wait(&sm.k_full[s0], (uint32_t)(it0 / C::kStages) & 1);
-    if (kPingPong) turn_wait<C>(ln);
-    issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(s0)));
-    if (kPingPong) turn_pass<C>(ln);
+    if constexpr (!kS0Issued) {
+        mbar_wait(&sm.k_full[s0], (uint32_t)(it0 / C::kStages) & 1);
+        if (kPingPong) turn_wait<C>(ln);
+        issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(s0)));
+        if (kPingPong) turn_pass<C>(ln);
+    }
     wgmma_wait<0>();
     reg_fence(sc);
     release_stage(&sm.k_empty[s0], ln);
@@ -535,9 +575,35 @@ __device__ void mainloop_overlap(RowState<C::kD> &st, const FwdArgs &a, const Fw
 
 /* ---- epilogue ------------------------------------------------------------------------- */
 
-/* o / l to global through the warpgroup's rows of the tile's Q buffer q
- * (all its wgmmas reading them are complete); lse = (m + log2 l) ln 2. Rows
- * past the sequence and columns >= d_v are never written. */
+/* Warpgroup wg's 64 staged rows of the tile (q: its Q buffer) to o by TMA
+ * (thread 0 of the warpgroup): one box per 64-column panel below d_v; the
+ * map clips columns >= d_v and, dense, rows >= sq.  One bulk group, whose
+ * smem reads o_store_read_wait waits for. */
+template <class C>
+__device__ __forceinline__ void tma_store_rows(const FwdArgs &a, const FwdTile &t, const uint8_t *q, int wg) {
+    const int32_t row = (int32_t)(t.seq.q_start + t.m0) + 64 * wg;
+    const int32_t batch = a.cu_seqlens_q ? 0 : t.b;
+#pragma unroll
+    for (int p = 0; p < C::kPanels; ++p)
+        if (64 * p < a.d_v) {
+            const int32_t coords[4] = {64 * p, row, t.h, batch};
+            cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &a.o_map, coords,
+                                            q + p * C::kQPanelBytes + wg * 64 * 128);
+        }
+    cuda::ptx::cp_async_bulk_commit_group();
+}
+
+/* The issuing thread: every TMA store it issued has read its shared memory. */
+__device__ __forceinline__ void o_store_read_wait() {
+    cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>());
+}
+
+/* o / l to global through the warpgroup's rows of q, the O buffer or the
+ * tile's Q buffer (all its wgmmas reading them are complete); lse = (m +
+ * log2 l) ln 2. Rows past the sequence and columns >= d_v are never
+ * written.  The rows leave by TMA store when the map exists and (varlen)
+ * all 64 rows of the warpgroup lie in the sequence (the map spans the
+ * packed rows), else by 16-byte stores of all 128 threads. */
 template <typename T, class C>
 __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t, uint8_t *q,
                           const Lane &ln) {
@@ -551,6 +617,11 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
         lse[half] = l > 0.f ? (st.m[half] + log2f(l)) * 0.69314718055994531f : -INFINITY;
     }
     scale_rows<D>(st.o, inv);
+    if constexpr (C::kOBuffers > 0) {
+        /* the previous tile's TMA store (a tile ago) has read the O buffer */
+        if (ln.tid == 0) o_store_read_wait();
+        named_sync(1 + ln.wg, 128);
+    }
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); /* the rows were TMA/wgmma data */
 
     const int row_in_wg = 16 * ln.warp + ln.g;
@@ -561,18 +632,24 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
             const uint32_t off = Tile::offset(64 * ln.wg + row_in_wg + 8 * half, 8 * blk + 2 * ln.t4);
             *(uint32_t *)(q + off) = elem<T>::pack(st.o[4 * blk + 2 * half], st.o[4 * blk + 2 * half + 1]);
         }
+    const bool varlen = a.cu_seqlens_q != nullptr;
+    const bool by_tma = a.o_tma && (!varlen || t.m0 + 64 * (ln.wg + 1) <= t.seq.sq);
+    if (by_tma) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); /* staged rows -> TMA's reads */
     named_sync(1 + ln.wg, 128); /* the warpgroup's rows are staged */
 
-    const bool varlen = a.cu_seqlens_q != nullptr;
-    T *o_head = (T *)a.o + (varlen ? t.seq.q_start * a.o_row_stride : (int64_t)t.b * a.o_batch_stride) +
-                (int64_t)t.h * a.o_head_stride;
-    constexpr int kChunksPerRow = D / 8;
-    for (int i = ln.tid; i < 64 * kChunksPerRow; i += 128) {
-        const int r = i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
-        const int row = t.m0 + 64 * ln.wg + r;
-        if (row < t.seq.sq && c < a.d_v)
-            *(uint4 *)(o_head + (int64_t)row * a.o_row_stride + c) =
-                *(const uint4 *)(q + Tile::offset(64 * ln.wg + r, c));
+    if (by_tma) {
+        if (ln.tid == 0) tma_store_rows<C>(a, t, q, ln.wg);
+    } else {
+        T *o_head = (T *)a.o + (varlen ? t.seq.q_start * a.o_row_stride : (int64_t)t.b * a.o_batch_stride) +
+                    (int64_t)t.h * a.o_head_stride;
+        constexpr int kChunksPerRow = D / 8;
+        for (int i = ln.tid; i < 64 * kChunksPerRow; i += 128) {
+            const int r = i / kChunksPerRow, c = (i % kChunksPerRow) * 8;
+            const int row = t.m0 + 64 * ln.wg + r;
+            if (row < t.seq.sq && c < a.d_v)
+                *(uint4 *)(o_head + (int64_t)row * a.o_row_stride + c) =
+                    *(const uint4 *)(q + Tile::offset(64 * ln.wg + r, c));
+        }
     }
 
     float *lse_head = a.lse + (varlen ? t.seq.q_start : (int64_t)t.b * a.lse_batch_stride) +
@@ -585,38 +662,104 @@ __device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &
         }
 }
 
-/* One tile: tile_no = tiles this CTA ran before (its Q buffer and that
- * buffer's phase), it0 = ring loads before it.  Persistent: ends by
- * releasing the Q buffer to the producer. */
-template <typename T, class C>
-__device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int wg, int tile_no,
-                            int it0) {
+/* ---- consumers ------------------------------------------------------------------------- */
+
+__device__ __forceinline__ Lane make_lane(int wg) {
     Lane ln;
     ln.wg = wg;
     ln.tid = threadIdx.x % 128;
     ln.warp = ln.tid / 32;
     ln.g = (ln.tid % 32) / 4;
     ln.t4 = ln.tid % 4;
-    RowState<C::kD> st;
+    return ln;
+}
+
+template <int D> __device__ __forceinline__ void row_state_init(RowState<D> &st) {
 #pragma unroll
-    for (int i = 0; i < C::kD / 2; ++i) st.o[i] = 0.f;
+    for (int i = 0; i < D / 2; ++i) st.o[i] = 0.f;
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.f;
+}
+
+/* Persistent CTAs give the Q buffer of tile number tile_no back to the
+ * producer.  With an O buffer right after the main loop (only wgmmas read
+ * Q); else after the epilogue staged O in it: its generic accesses end with
+ * a proxy fence (before the next Q's TMA write) and its TMA store must have
+ * read it (thread 0 issued it, and is lane 0 of the arriving warp 0). */
+template <class C>
+__device__ __forceinline__ void release_q(const FwdSmem<C> &sm, const Lane &ln, int tile_no) {
+    if constexpr (C::kOBuffers == 0) {
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+        if (ln.tid == 0) o_store_read_wait();
+    }
+    release_stage(&sm.q_empty[tile_no % C::kQBuffers], ln);
+}
+
+/* One tile: tile_no = tiles this CTA ran before (its Q buffer and that
+ * buffer's phase), it0 = ring loads before it. */
+template <typename T, class C>
+__device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int wg, int tile_no,
+                            int it0) {
+    const Lane ln = make_lane(wg); /* recomputed per tile: cheaper than live across the loop */
+    RowState<C::kD> st;
+    row_state_init(st);
     const int qb = tile_no % C::kQBuffers;
     uint8_t *q = sm.q(qb);
     mbar_wait(&sm.q_full[qb], (uint32_t)(tile_no / C::kQBuffers) & 1);
     if (t.n_min <= t.n_max) {
-        if constexpr (C::kOverlap)
-            mainloop_overlap<T, C>(st, a, t, sm, q, ln, it0);
-        else
+        if constexpr (C::kOverlap) {
+            float sc[C::kBlockN / 2];
+            mainloop_overlap<T, C, false>(st, sc, a, t, sm, q, ln, it0);
+        } else {
             mainloop_serial<T, C>(st, a, t, sm, q, ln, it0);
+        }
     }
-    fwd_store<T, C>(st, a, t, q, ln);
-    if constexpr (C::kPersistent) {
-        /* generic-proxy reads/writes of q before the next Q's TMA write */
-        cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-        release_stage(&sm.q_empty[qb], ln);
+    if constexpr (C::kPersistent && C::kOBuffers > 0) release_q(sm, ln, tile_no);
+    fwd_store<T, C>(st, a, t, sm.o_stage(qb), ln);
+    if constexpr (C::kPersistent && C::kOBuffers == 0) release_q(sm, ln, tile_no);
+}
+
+/* The first S of tile t (number tile_no, ring loads before it: it), issued
+ * into sc once its Q (and first K) landed.  A tile with no keys, or none at
+ * all (!exists: the CTA has no next tile), issues the same GEMM on its Q
+ * buffer alone, whatever that holds: sc is then never read, and the wgmma
+ * is issued on every path, so it never meets a branch in flight. */
+template <typename T, class C>
+__device__ __forceinline__ void issue_first_s(float (&sc)[C::kBlockN / 2], const FwdTile &t, bool exists,
+                                              const FwdSmem<C> &sm, const Lane &ln, int tile_no, int it) {
+    const int qb = tile_no % C::kQBuffers, s = it % C::kStages;
+    const bool keys = exists && t.n_min <= t.n_max;
+    if (exists) mbar_wait(&sm.q_full[qb], (uint32_t)(tile_no / C::kQBuffers) & 1);
+    if (keys) mbar_wait(&sm.k_full[s], (uint32_t)(it / C::kStages) & 1);
+    const uint32_t q_base = smem_u32(sm.q(qb));
+    issue_qk<T, C>(sc, q_base + ln.wg * 64 * 128, keys ? smem_u32(sm.k(s)) : q_base);
+}
+
+/* All tiles of a persistent CTA with kCarryS: after the last P V of tile t
+ * the first S of tile t + 1 is issued, and tile t's epilogue runs while it
+ * is on the tensor cores (the next Q waits in the other buffer). */
+template <typename T, class C> __device__ void fwd_consume_carried(const FwdArgs &a, const FwdSmem<C> &sm, const Lane &ln) {
+    float sc[C::kBlockN / 2];
+    FwdTile t, next;
+    int k = 0, it = 0;
+    if (!next_tile<C>(a, &k, &t)) return;
+    issue_first_s<T, C>(sc, t, true, sm, ln, 0, it);
+    for (int tile_no = 0;; ++tile_no) {
+        RowState<C::kD> st;
+        row_state_init(st);
+        if (t.n_min <= t.n_max)
+            mainloop_overlap<T, C, true>(st, sc, a, t, sm, sm.q(tile_no % C::kQBuffers), ln, it);
+        else
+            wgmma_wait<0>(); /* the unused S */
+        release_q(sm, ln, tile_no);
+        it += key_blocks(t);
+        const bool more = next_tile<C>(a, &k, &next);
+        issue_first_s<T, C>(sc, next, more, sm, ln, tile_no + 1, it);
+        fwd_store<T, C>(st, a, t, sm.o_stage(0), ln);
+        if (!more) break;
+        t = next;
     }
+    wgmma_wait<0>(); /* the S issued for no tile */
 }
 
 /* ---- kernel ---------------------------------------------------------------------------- */
@@ -648,20 +791,28 @@ __global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_consta
     if (wg == 0) {
         regs_release<C::kProducerRegs>();
         if (threadIdx.x != 0) return;
+        /* (next_tile here spills in the 24-register producer) */
         for (int k = 0, tile_no = 0, it = 0; cta_tile<C>(a, k, &t); ++k) {
             if (t.rows <= 0) continue; /* varlen: this block lies past its sequence */
             fwd_produce<C>(a, t, sm, tile_no, it);
             ++tile_no;
-            it += t.n_max >= t.n_min ? t.n_max - t.n_min + 1 : 0;
+            it += key_blocks(t);
         }
     } else {
         regs_claim<C::kConsumerRegs>();
-        for (int k = 0, tile_no = 0, it = 0; cta_tile<C>(a, k, &t); ++k) {
-            if (t.rows <= 0) continue;
-            fwd_consume<T, C>(a, t, sm, wg - 1, tile_no, it);
-            ++tile_no;
-            it += t.n_max >= t.n_min ? t.n_max - t.n_min + 1 : 0;
+        if constexpr (C::kCarryS) {
+            fwd_consume_carried<T, C>(a, sm, make_lane(wg - 1));
+        } else {
+            /* this loop form, not next_tile's: ptxas spills 8-100 bytes with that one */
+            for (int k = 0, tile_no = 0, it = 0; cta_tile<C>(a, k, &t); ++k) {
+                if (t.rows <= 0) continue;
+                fwd_consume<T, C>(a, t, sm, wg - 1, tile_no, it);
+                ++tile_no;
+                it += key_blocks(t);
+            }
         }
+        /* the shared memory stays until the last TMA store has read it */
+        if (threadIdx.x % 128 == 0) o_store_read_wait();
     }
 #endif
 }
@@ -723,6 +874,9 @@ template <typename T, class C> bool make_fwd_args(const fat_params &p, FwdArgs *
         !encode_map(&a->v_map, p.v, half, p.d_v, rows_k, p.hkv, batch, p.v_row_stride, p.v_head_stride,
                     p.v_batch_stride, C::kBlockN))
         return false;
+    /* O by TMA store where TMA can describe it (else 16-byte thread stores) */
+    a->o_tma = encode_map(&a->o_map, p.o, half, p.d_v, rows_q, p.hq, batch, p.o_row_stride, p.o_head_stride,
+                          p.o_batch_stride, 64);
     a->o = p.o;
     a->lse = p.lse;
     a->cu_seqlens_q = p.cu_seqlens_q;
@@ -797,19 +951,20 @@ using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPon
 
 /* The default of each head dim: FwdDefault<D>::launch picks a variant by
  * the query length (and causal), from the H200 tables of NOTES.md
- * (dev/sm90_fwd_check, bf16, 16 heads, 16k tokens; runs 5a-9a; persistent
- * CTAs in cta_tile's balanced order since run 9a):
- *   D = 128: non-causal up to 1k pingpong persistent (+2-19% at 512-1k,
- *            runs 7b, 8a), up to 4k overlap BN128, beyond pingpong n176
- *            (FA3's tile; +3-4% at 8k, runs 8a and 9a); causal up to 4k
- *            overlap persistent (+5-25% at 512-4k, runs 7a and 9a), beyond
- *            pingpong n176 (+3% at 8k, level at 16k);
- *   D = 64:  non-causal: three consumer warpgroups (192-row tiles), ping-
- *            pong, persistent up to 4k (+6-18% at 512-4k, run 8a) and with
- *            3 stages at 8k (+7%); beyond, pingpong n192 (level with it);
- *            causal: up to 4k pingpong persistent (+5-17%, run 7a; +10%
- *            at 4k over n192, run 9a), beyond three warpgroups, pingpong,
- *            3 stages (+4% at 8k, level at 16k with n192, runs 8a and 9a);
+ * (dev/sm90_fwd_check, bf16, 16 heads, 16k tokens; runs 5a-10b; O by TMA
+ * store and persistent CTAs with an O buffer since run 10b):
+ *   D = 128: non-causal up to 2k pingpong persistent (+4% over overlap
+ *            BN128 at 2k, run 10b), up to 4k the same carrying S across
+ *            tiles (+3% over overlap, +4% over pingpong persistent, run
+ *            10b), beyond pingpong n176 (FA3's tile; runs 8a, 9a, 10b);
+ *            causal up to 4k pingpong persistent (+3-4% over overlap
+ *            persistent at 2k-4k, run 10b), beyond pingpong n176;
+ *   D = 64:  non-causal up to 4k three consumer warpgroups, ping-pong,
+ *            persistent (+6-18% at 512-4k, run 8a), beyond pingpong n192
+ *            persistent (+3% / +6% at 8k / 16k over the three-warpgroup
+ *            and grid-launched kernels, run 10b); causal up to 2k pingpong
+ *            persistent (run 7a), beyond n192 persistent (+4% at 4k, +6%
+ *            at 8k, level at 16k, run 10b);
  *   D = 256: non-causal up to 1k pingpong persistent (+6-7% over overlap,
  *            run 9a), 2k overlap BN80, beyond pingpong BN80; causal up to 1k
  *            overlap, up to 8k pingpong persistent (+4-9% at 2k-8k, run
@@ -817,21 +972,20 @@ using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPon
 template <int D> struct FwdDefault;
 template <> struct FwdDefault<128> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
+        using PingPongPersistent = FwdBase<128, true, true>;
         if (p.sq > 4096) return launch_fwd<T, FwdConfig<128, 176, 2, true, true>>(p, stream);
-        if (p.causal) return launch_fwd<T, FwdBase<128, false, true>>(p, stream);
-        if (p.sq <= 1024) return launch_fwd<T, FwdBase<128, true, true>>(p, stream);
-        return launch_fwd<T, FwdBase<128, false>>(p, stream);
+        if (p.causal || p.sq <= 2048) return launch_fwd<T, PingPongPersistent>(p, stream);
+        return launch_fwd<T, FwdConfig<128, 128, 2, true, true, true, 2, true>>(p, stream);
     }
 };
 template <> struct FwdDefault<64> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
-        using Triple3Stages = FwdConfig<64, 128, 3, true, true, false, 3>;
+        using WidePersistent = FwdConfig<64, 192, 3, true, true, true>;
         if (p.causal)
-            return p.sq <= 4096 ? launch_fwd<T, FwdBase<64, true, true>>(p, stream)
-                                : launch_fwd<T, Triple3Stages>(p, stream);
+            return p.sq <= 2048 ? launch_fwd<T, FwdBase<64, true, true>>(p, stream)
+                                : launch_fwd<T, WidePersistent>(p, stream);
         if (p.sq <= 4096) return launch_fwd<T, FwdConfig<64, 128, 2, true, true, true, 3>>(p, stream);
-        if (p.sq <= 8192) return launch_fwd<T, Triple3Stages>(p, stream);
-        return launch_fwd<T, FwdConfig<64, 192, 3, true, true>>(p, stream);
+        return launch_fwd<T, WidePersistent>(p, stream);
     }
 };
 template <> struct FwdDefault<256> {
