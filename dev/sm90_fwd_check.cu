@@ -47,17 +47,20 @@
  * below).  "wide" is BN176 at D = 128, BN192 at D = 64 (none at D = 256);
  * "persistent": one CTA per SM running jobs in cta_tile's order ("carry":
  * with the next tile's first S under the epilogue, FwdConfig::kCarryS);
- * "3wg": three consumer warpgroups (192-row tiles, D = 64 only). */
+ * "3wg": three consumer warpgroups (192-row tiles, D = 64 only); "4wg": four
+ * (256-row tiles on 64-key blocks, D = 64 only). */
 enum Variant {
     SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
     TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST,
-    OVERLAP_PERSIST_CARRY, PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY, DEFAULT
+    OVERLAP_PERSIST_CARRY, PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY, QUAD_PINGPONG_PERSIST,
+    QUAD_PINGPONG_PERSIST_CARRY, DEFAULT
 };
 static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpong", "pingpong wide",
                                       "overlap persistent", "pingpong persistent", "pingpong wide persistent",
                                       "3wg overlap", "3wg pingpong", "3wg pingpong 3 stages",
                                       "3wg pingpong persistent", "overlap persistent carry",
                                       "pingpong persistent carry", "3wg pingpong persistent carry",
+                                      "4wg BN64 pingpong persistent", "4wg BN64 pingpong persistent carry",
                                       "default (sm90_fwd)"};
 static const char *variant_name(Variant v, int d) {
     if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
@@ -76,7 +79,8 @@ static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, PINGPONG_PE
                                                     OVERLAP_PERSIST_CARRY, PINGPONG_PERSIST_CARRY};
 static const std::vector<Variant> persistent_64 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
                                                    TRIPLE_PINGPONG_PERSIST, OVERLAP_PERSIST_CARRY,
-                                                   PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY};
+                                                   PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY,
+                                                   QUAD_PINGPONG_PERSIST, QUAD_PINGPONG_PERSIST_CARRY};
 static const std::vector<Variant> persistent_256 = {PINGPONG_PERSIST};
 
 struct Case {
@@ -267,6 +271,11 @@ template <int D> struct VariantConfig<D, PINGPONG_PERSIST_CARRY> {
 template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_PERSIST_CARRY> {
     using C = FwdConfig<D, 128, 2, true, true, true, 3, true>;
 };
+/* "4wg": four consumer warpgroups (256-row tiles) on 64-key blocks, D = 64 only */
+template <int D> struct VariantConfig<D, QUAD_PINGPONG_PERSIST> { using C = FwdConfig<D, 64, 3, true, true, true, 4>; };
+template <int D> struct VariantConfig<D, QUAD_PINGPONG_PERSIST_CARRY> {
+    using C = FwdConfig<D, 64, 3, true, true, true, 4, true>;
+};
 
 /* "thread-store" on the command line: O leaves by 16-byte thread stores
  * instead of TMA stores in every variant but the default (FwdArgs::o_tma). */
@@ -361,6 +370,9 @@ template <typename T, int D> static fat_status run_variant(Variant v, const fat_
         if (v == TRIPLE_PINGPONG_PERSIST) return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST>(p, time_it, ms);
         if (v == TRIPLE_PINGPONG_PERSIST_CARRY)
             return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST_CARRY>(p, time_it, ms);
+        if (v == QUAD_PINGPONG_PERSIST) return launch_prepared<T, D, QUAD_PINGPONG_PERSIST>(p, time_it, ms);
+        if (v == QUAD_PINGPONG_PERSIST_CARRY)
+            return launch_prepared<T, D, QUAD_PINGPONG_PERSIST_CARRY>(p, time_it, ms);
     }
     if constexpr (D != 256) {
         if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);
@@ -585,6 +597,7 @@ template <int D> static int run_one(int s, int causal, Variant v) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* a hang or a timeout still leaves the last case in the log */
     const bool check_only = argc > 1 && strcmp(argv[1], "check") == 0;
     g_thread_store = argc > 1 && strcmp(argv[1], "thread-store") == 0;
     if (g_thread_store) printf("O by thread stores (FwdArgs::o_tma = 0) in every variant but the default\n");

@@ -3,15 +3,15 @@
  * ring of shared-memory stages, wgmma for both GEMMs, online softmax in
  * registers.  o and lse of fat_params, as fat::sm90_fwd<T, D> declares.
  *
- * One CTA computes one block of kBlockM = 64 kConsumers query rows (128 or
- * 192) of one (batch, query head) against the key blocks it can see (kBlockN
- * keys each).  128 (kConsumers + 1) threads, one producer warpgroup and two
- * or three consumers:
+ * One CTA computes one block of kBlockM = 64 kConsumers query rows (128,
+ * 192 or 256) of one (batch, query head) against the key blocks it can see
+ * (kBlockN keys each).  128 (kConsumers + 1) threads, one producer warpgroup
+ * and two to four consumers:
  *   warpgroup 0 (producer, 24 registers): thread 0 issues the TMA loads: the
  *     Q block once, K_0, then K_{j+1} before V_j, each into stage j % kStages
  *     of its ring once the consumers released that stage (K and V have
  *     separate empty barriers: a K stage frees when S = Q K^T is done);
- *   warpgroups 1.. (consumers, 240 registers with two, 160 with three): each
+ *   warpgroups 1.. (consumers, 240 registers with two, 160 / 112 with three / four): each
  *     owns 64 query rows.
  *     S = Q K^T (wgmma, both operands in shared memory), softcap / mask,
  *     online softmax on raw scores (one FFMA + ex2.approx per element), P
@@ -74,7 +74,7 @@ struct FwdConfig {
     static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
     static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
     static_assert(!PingPong || Overlap, "ping-pong is built on the overlapped loop");
-    static_assert(Consumers == 2 || Consumers == 3, "two or three consumer warpgroups");
+    static_assert(Consumers >= 2 && Consumers <= 4, "two to four consumer warpgroups");
     static constexpr int kD = D;
     static constexpr int kConsumers = Consumers;
     static constexpr int kBlockM = 64 * Consumers; /* query rows: 64 per consumer warpgroup */
@@ -86,7 +86,9 @@ struct FwdConfig {
     /* setmaxnreg: the producer drops to 24, the consumers share the rest
      * of the 64K registers (multiples of 8) */
     static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerRegs = Consumers == 2 ? 240 : 160;
+    /* (setmaxnreg.inc waits for registers the producer freed: with four
+     * consumers the CTA starts at 96 per thread, so 96 + 72 * 128 / 512 at most) */
+    static constexpr int kConsumerRegs = Consumers == 2 ? 240 : Consumers == 3 ? 160 : 112;
     static constexpr int kConsumerWarps = 4 * Consumers; /* the count of every empty barrier */
     static constexpr uint32_t kQPanelBytes = kBlockM * 128;
     static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
