@@ -83,12 +83,16 @@ struct FwdConfig {
     static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent, kCarryS = CarryS;
     static constexpr int kPanels = D / 64;
     static constexpr int kThreads = 128 * (Consumers + 1);
-    /* setmaxnreg: the producer drops to 24, the consumers share the rest
-     * of the 64K registers (multiples of 8) */
+    /* setmaxnreg: the CTA starts with kEntryRegs per thread (64K over its
+     * threads, multiples of 8); the producer drops to 24 and the consumers
+     * take what it gave back (setmaxnreg.inc waits for freed registers, so
+     * asking for more deadlocks): 240 with two consumers, 160 / 112 with
+     * three / four */
     static constexpr int kProducerRegs = 24;
-    /* (setmaxnreg.inc waits for registers the producer freed: with four
-     * consumers the CTA starts at 96 per thread, so 96 + 72 * 128 / 512 at most) */
-    static constexpr int kConsumerRegs = Consumers == 2 ? 240 : Consumers == 3 ? 160 : 112;
+    static constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+    static constexpr int kConsumerRegs =
+        (kEntryRegs + (kEntryRegs - kProducerRegs) / Consumers) / 8 * 8;
+    static_assert(kConsumerRegs <= 256, "setmaxnreg takes 24 to 256 registers");
     static constexpr int kConsumerWarps = 4 * Consumers; /* the count of every empty barrier */
     static constexpr uint32_t kQPanelBytes = kBlockM * 128;
     static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
