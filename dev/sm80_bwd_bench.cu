@@ -68,12 +68,17 @@ int main(int argc, char **argv) {
         variant<BwdTiles<128, 8, 2, 4, 128, 2>>("d128 w8 k2 s4 m128 st2"),
         variant<BwdTiles<128, 8, 1, 2, 128, 2>>("d128 w8 k1 s2 m128 st2"),
         variant<BwdTiles<128, 8, 2, 4, 64, 2>>("d128 w8 k2 s4 m64 st2"),
+        variant<BwdTiles<128, 4, 2, 2, 64, 1>>("d128 w4 k2 s2 m64 st1"),
+        variant<BwdTiles<128, 4, 2, 2, 32, 2>>("d128 w4 k2 s2 m32 st2"),
+        variant<BwdTiles<128, 4, 2, 4, 64, 2>>("d128 w4 k2 s4 m64 st2"),
         variant<BwdConfig<64>>("d64 default"),
         variant<BwdTiles<64, 8, 1, 1, 64, 2>>("d64 w8 k1 s1 m64 st2"),
         variant<BwdTiles<64, 8, 1, 1, 128, 2>>("d64 w8 k1 s1 m128 st2"),
         variant<BwdTiles<64, 8, 2, 2, 128, 2>>("d64 w8 k2 s2 m128 st2"),
         variant<BwdTiles<64, 8, 2, 2, 128, 1>>("d64 w8 k2 s2 m128 st1"),
         variant<BwdTiles<64, 8, 2, 2, 64, 2>>("d64 w8 k2 s2 m64 st2"),
+        variant<BwdTiles<64, 8, 2, 1, 32, 2>>("d64 w8 k2 s1 m32 st2"),
+        variant<BwdTiles<64, 8, 1, 1, 32, 2>>("d64 w8 k1 s1 m32 st2"),
     };
     const int tokens = 16384, hidden = 2048;
     const int seqlens[] = {1024, 2048, 4096, 16384};

@@ -14,6 +14,11 @@
 #                           seqlen [x causal [x variant number of the check's enum; default sm90_fwd]]
 #                           (dev/sm90_fwd_check.cu "one"; pipe utilisation, stall reasons, DRAM bytes,
 #                           L2 hits, clock)
+#   NCU_BWD="fat:64:16384:0 fa2:64:16384:0"  ncu of the backward's main kernel, flash_attn_t
+#                           or torch's FlashAttention-2, at impl:head dim:seqlen:causal
+#                           (scripts/profile_bwd.py; pipes, stall reasons, launch stats)
+#   BWD_KERNELS="64:1024:1 128:16384:0"  per-kernel CUDA times of one backward of both
+#                           (profile_bwd.py --kernels) at head dim:seqlen:causal
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
 #                           scripts/sanitize_small.py
 #   TESTS_SM80="pytest args"  the same with FLASH_ATTN_T_BACKEND=sm80 (mma.sync only)
@@ -110,6 +115,20 @@ STALL_METRICS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.rat
 for shape in ${NCU_SM90:-}; do
   [ -x /tmp/sm90_check ] && TAIL=3 step "ncu_sm90_$shape" ncu --clock-control none $NCU_SECTIONS \
     --metrics "$PIPE_METRICS,$STALL_METRICS,dram__bytes_read.sum,lts__t_sector_hit_rate.pct,sm__cycles_elapsed.avg.per_second" -k regex:fwd_kernel --launch-skip 1 -c 1 /tmp/sm90_check one ${shape//x/ }
+done
+for spec in ${NCU_BWD:-}; do
+  IFS=: read -r impl d s c <<< "$spec"
+  TAIL=3 step "ncu_bwd_$impl${d}x${s}x$c" ncu --clock-control none $NCU_SECTIONS --section LaunchStats \
+    --metrics "$PIPE_METRICS,$STALL_METRICS,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second" \
+    -k regex:"dkdv_kernel|flash_bwd_dq_dk_dv" -c 1 \
+    python3 scripts/profile_bwd.py --impl "$impl" --d "$d" --seqlen "$s" $( [ "$c" = 1 ] && echo --causal )
+done
+for spec in ${BWD_KERNELS:-}; do
+  IFS=: read -r d s c <<< "$spec"
+  for impl in fat fa2; do
+    TAIL=12 step "bwd_kernels_$impl${d}x${s}x$c" python3 scripts/profile_bwd.py --kernels \
+      --impl "$impl" --d "$d" --seqlen "$s" $( [ "$c" = 1 ] && echo --causal )
+  done
 done
 [ -n "${SKIP_BUILD:-}" ] && exit 0
 grep -E "ptxas info|spill" "$LOGS/build.log" | grep -B1 -E "[1-9][0-9]* bytes spill" | head -20

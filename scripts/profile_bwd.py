@@ -1,12 +1,65 @@
-"""One warm forward + backward call at B=1, S=8192, H=16, D=128 (bf16) for a
-profiler:  ncu --clock-control none -k regex:dkdv -c 1 python3 scripts/profile_bwd.py"""
+"""Warm forward + backward calls of one implementation for a profiler, bf16,
+16k tokens, hidden 2048 (heads = 2048 / D), as the fa3 benchmark suite:
+    ncu --clock-control none -k regex:dkdv -c 1 python3 scripts/profile_bwd.py
+    python3 scripts/profile_bwd.py --impl fa2 --d 64 --seqlen 1024 --causal --kernels
+--impl fat: flash_attn_t (FLASH_ATTN_T_BACKEND picks the path); fa2: torch
+SDPA's FLASH_ATTENTION backend.  --kernels prints the CUDA time of each
+kernel of one backward (torch.profiler, averaged over --iters calls)."""
+import argparse
+
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
 
-import flash_attn_t
 
-q, k, v = (torch.randn(1, 8192, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-           for _ in range(3))
-for _ in range(2):
-    out = flash_attn_t.attention(q, k, v)
-    out.backward(torch.ones_like(out))
-torch.cuda.synchronize()
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", choices=("fat", "fa2"), default="fat")
+    ap.add_argument("--d", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--kernels", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    b, h = max(1, 16384 // args.seqlen), 2048 // args.d
+    shape = (b, args.seqlen, h, args.d)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    if args.impl == "fat":
+        import flash_attn_t
+
+        def forward():
+            return flash_attn_t.attention(q, k, v, causal=args.causal)
+    else:
+        def forward():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                    is_causal=args.causal).transpose(1, 2)
+    out = forward()
+    grad = torch.randn_like(out)
+    for _ in range(2):
+        torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+    torch.cuda.synchronize()
+    if not args.kernels:
+        return
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.iters):
+            torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+        torch.cuda.synchronize()
+    total = 0.0
+    rows = []
+    for e in prof.key_averages():
+        us = e.device_time_total / args.iters
+        if us > 0:
+            rows.append((us, e.key))
+            total += us
+    print("%s D=%d S=%d causal=%d: %.1f us per backward" % (args.impl, args.d, args.seqlen,
+                                                             args.causal, total))
+    for us, name in sorted(rows, reverse=True):
+        print("  %8.1f us  %s" % (us, name[:150]))
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,7 @@ def run_varlen(lens, Hq, Hkv, D, **kw):
 
 if __name__ == "__main__":
     run_dense(1, 97, 131, 4, 2, 64, causal=True)
-    run_dense(1, 300, 520, 2, 1, 64)  # several 256-key blocks of the D = 64 backward
+    run_dense(1, 300, 520, 2, 1, 64)  # several key blocks of the D = 64 backward (128 keys each)
     run_dense(2, 130, 70, 2, 1, 128, window_size=(20, 5), softcap=5.0)
     run_dense(1, 65, 65, 2, 2, 59, deterministic=True)
     run_dense(1, 33, 200, 2, 2, 256, causal=True)

@@ -13,7 +13,7 @@
  *   dQ_i += scale dS k_j.  dK/dV of a kv head sum over its group's heads.
  *
  * Kernels, in launch order:
- *  1. bwd_prep_kernel, one warp per (flat query row, query head):
+ *  1. bwd_prep_kernel, a group of lanes per (flat query row, query head):
  *     dot = sum_c dO * O, lse_log2 = lse * log2(e) (+inf where lse = -inf, so
  *     P = exp2(. - lse_log2) = 0 on empty rows), and zeroes the row's fp32 dq
  *     accumulator (non-deterministic mode).
@@ -25,7 +25,7 @@
  *     between its MMAs), P^T, dS^T, then
  *     dV += P^T dO, dK += dS^T Q and (non-deterministic) dq_accum += dS K
  *     by atomicAdd, dS^T going through shared memory for that product.
- *  3. non-deterministic: bwd_dq_convert_kernel, warp per (row, head):
+ *  3. non-deterministic: bwd_dq_convert_kernel, the same lane groups:
  *     dq = scale * dq_accum.  deterministic: dq_kernel, one CTA per (query
  *     block, query head, batch), loops over the visible key blocks in order,
  *     recomputes S, P, dP, dS and keeps dQ in registers.
@@ -131,13 +131,14 @@ struct BwdTiles {
 
 /* The configuration each head dim runs with.  D = 128: 32-key warp tiles,
  * two warps splitting the query columns / head dims (128 keys per CTA);
- * D = 64: 32-key warp tiles over 32-row query blocks (256 keys per CTA): the
- * fastest of dev/sm80_bwd_bench.cu's variants on an H200 (benchmarks/NOTES.md
- * "sm80 backward").  D >= 192 single-buffers Q / dO to fit an A100's shared
- * memory; D = 32, 96 are unmeasured. */
+ * D = 64: four warps of 32-key tiles over 32-row query blocks (128 keys per
+ * CTA, two CTAs per SM, so one's barriers and loads overlap the other's
+ * MMAs): the fastest of dev/sm80_bwd_bench.cu's variants on an H200
+ * (benchmarks/NOTES.md "sm80 backward").  D >= 192 single-buffers Q / dO
+ * to fit an A100's shared memory; D = 32, 96 are unmeasured. */
 template <int D>
 struct BwdConfig
-    : BwdTiles<D, 8, (D == 64 || D == 128) ? 2 : 1, (D == 128 || D >= 192) ? 2 : 1,
+    : BwdTiles<D, D == 64 ? 4 : 8, (D == 64 || D == 128) ? 2 : 1, (D == 128 || D >= 192) ? 2 : 1,
                D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2> {};
 
 /* Where BwdConfig<D> needs more shared memory than the device has (D = 128:
@@ -634,7 +635,39 @@ template <int NTiles> __device__ __forceinline__ void zero_c(float (&c)[NTiles][
 
 /* ---- 1. preprocess: dot, lse_log2, dq accumulator = 0 --------------------- */
 
-constexpr int kRowWarps = 8; /* (row, head) pairs per CTA of the row kernels */
+/* The row kernels (prep, dq convert) give each (flat row, query head) a
+ * group of kRowLanes<D> lanes (a power of two, so groups never straddle a
+ * warp), lane c of the group owning head-dim columns 8c .. 8c + 7: 16-byte
+ * loads and stores with every lane busy.  A CTA of kRowThreads threads
+ * covers kRowsPerCta<D> consecutive flat rows of one head; CTA x is head
+ * x % hq of row block x / hq, so neighbouring CTAs read neighbouring heads
+ * of the same rows. */
+constexpr int kRowThreads = 256;
+template <int D> constexpr int kRowLanes = D <= 32 ? 4 : D <= 64 ? 8 : D <= 128 ? 16 : 32;
+template <int D> constexpr int kRowsPerCta = kRowThreads / kRowLanes<D>;
+
+/* CTAs of either row kernel. */
+template <int D> inline int64_t row_kernel_ctas(const BwdArgs &args) {
+    return (args.rows_q + kRowsPerCta<D> - 1) / kRowsPerCta<D> * args.p.hq;
+}
+
+/* Where this thread's part of the row kernels lies. */
+struct RowPart {
+    int64_t r; /* flat query row */
+    int h;
+    int col;    /* first of its 8 head-dim columns */
+    bool valid; /* r < rows_q */
+};
+
+template <int D> __device__ __forceinline__ RowPart row_part(const BwdArgs &args) {
+    RowPart rp;
+    const int hq = args.p.hq;
+    rp.h = (int)(blockIdx.x % hq);
+    rp.r = (int64_t)(blockIdx.x / hq) * kRowsPerCta<D> + threadIdx.x / kRowLanes<D>;
+    rp.col = (int)(threadIdx.x % kRowLanes<D>) * 8;
+    rp.valid = rp.r < args.rows_q;
+    return rp;
+}
 
 template <typename T>
 __device__ __forceinline__ void unpack8(float (&x)[8], const uint4 &chunk) {
@@ -643,45 +676,45 @@ __device__ __forceinline__ void unpack8(float (&x)[8], const uint4 &chunk) {
     for (int k = 0; k < 8; ++k) x[k] = elem<T>::to_float(e[k]);
 }
 
-/* One warp per (flat row r, head h), item = r * hq + h; lane owns columns
- * 8 lane .. 8 lane + 7 (D <= 256 = 32 * 8). */
+/* dot = dO . O and lse_log2 of every (flat row, head); zeroes the dq
+ * accumulator (non-deterministic mode).  No lane leaves before the group's
+ * shuffles. */
 template <typename T, int D>
-__global__ void __launch_bounds__(32 * kRowWarps) bwd_prep_kernel(const BwdArgs args) {
+__global__ void __launch_bounds__(kRowThreads) bwd_prep_kernel(const BwdArgs args) {
     const fat_params &p = args.p;
-    const int64_t item = (int64_t)blockIdx.x * kRowWarps + threadIdx.x / 32;
-    if (item >= args.rows_q * p.hq) return;
-    const int64_t r = item / p.hq;
-    const int h = (int)(item % p.hq);
-    const int lane = threadIdx.x & 31, col = lane * 8;
-
+    const RowPart rp = row_part<D>(args);
     float acc = 0.f;
-    if (col < p.d_v) {
+    if (rp.valid && rp.col < p.d_v) {
         const T *o = static_cast<const T *>(p.o) +
-                     flat_row_offset(p, r, h, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+                     flat_row_offset(p, rp.r, rp.h, p.o_batch_stride, p.o_row_stride,
+                                     p.o_head_stride);
         const T *dout = static_cast<const T *>(p.dout) +
-                        flat_row_offset(p, r, h, p.do_batch_stride, p.do_row_stride,
+                        flat_row_offset(p, rp.r, rp.h, p.do_batch_stride, p.do_row_stride,
                                         p.do_head_stride);
         float x[8], y[8];
-        unpack8<T>(x, *reinterpret_cast<const uint4 *>(o + col));
-        unpack8<T>(y, *reinterpret_cast<const uint4 *>(dout + col));
+        unpack8<T>(x, *reinterpret_cast<const uint4 *>(o + rp.col));
+        unpack8<T>(y, *reinterpret_cast<const uint4 *>(dout + rp.col));
 #pragma unroll
         for (int k = 0; k < 8; ++k) acc += x[k] * y[k];
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    for (int off = kRowLanes<D> / 2; off > 0; off >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (!rp.valid) return;
 
-    if (lane == 0) {
+    if (rp.col == 0) {
         const int64_t lse_off = p.cu_seqlens_q
-                                    ? (int64_t)h * p.lse_head_stride + r
-                                    : (r / p.sq) * p.lse_batch_stride +
-                                          (int64_t)h * p.lse_head_stride + r % p.sq;
+                                    ? (int64_t)rp.h * p.lse_head_stride + rp.r
+                                    : (rp.r / p.sq) * p.lse_batch_stride +
+                                          (int64_t)rp.h * p.lse_head_stride + rp.r % p.sq;
         const float lse = p.lse[lse_off];
-        args.dot[(int64_t)h * args.rows_q + r] = acc;
-        args.lse_log2[(int64_t)h * args.rows_q + r] =
-            lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+        const int64_t stat = (int64_t)rp.h * args.rows_q + rp.r;
+        args.dot[stat] = acc;
+        args.lse_log2[stat] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
     }
-    if (!p.deterministic && col < D) {
-        float4 *dq = reinterpret_cast<float4 *>(args.dq_accum + item * D + col);
+    if (!p.deterministic && rp.col < D) {
+        float4 *dq = reinterpret_cast<float4 *>(args.dq_accum +
+                                                (rp.r * p.hq + rp.h) * D + rp.col);
         dq[0] = make_float4(0.f, 0.f, 0.f, 0.f);
         dq[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -690,15 +723,12 @@ __global__ void __launch_bounds__(32 * kRowWarps) bwd_prep_kernel(const BwdArgs 
 /* ---- 3a. dq = scale * dq accumulator (non-deterministic mode) -------------- */
 
 template <typename T, int D>
-__global__ void __launch_bounds__(32 * kRowWarps) bwd_dq_convert_kernel(const BwdArgs args) {
+__global__ void __launch_bounds__(kRowThreads) bwd_dq_convert_kernel(const BwdArgs args) {
     const fat_params &p = args.p;
-    const int64_t item = (int64_t)blockIdx.x * kRowWarps + threadIdx.x / 32;
-    if (item >= args.rows_q * p.hq) return;
-    const int64_t r = item / p.hq;
-    const int h = (int)(item % p.hq);
-    const int col = (threadIdx.x & 31) * 8;
-    if (col >= p.d) return;
-    const float4 *acc = reinterpret_cast<const float4 *>(args.dq_accum + item * D + col);
+    const RowPart rp = row_part<D>(args);
+    if (!rp.valid || rp.col >= p.d) return;
+    const float4 *acc =
+        reinterpret_cast<const float4 *>(args.dq_accum + (rp.r * p.hq + rp.h) * D + rp.col);
     const float4 lo = acc[0], hi = acc[1];
     const float s = args.scale;
     uint4 out;
@@ -706,9 +736,9 @@ __global__ void __launch_bounds__(32 * kRowWarps) bwd_dq_convert_kernel(const Bw
     out.y = elem<T>::pack(lo.z * s, lo.w * s);
     out.z = elem<T>::pack(hi.x * s, hi.y * s);
     out.w = elem<T>::pack(hi.z * s, hi.w * s);
-    T *dq = static_cast<T *>(p.dq) +
-            flat_row_offset(p, r, h, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-    *reinterpret_cast<uint4 *>(dq + col) = out;
+    T *dq = static_cast<T *>(p.dq) + flat_row_offset(p, rp.r, rp.h, p.dq_batch_stride,
+                                                     p.dq_row_stride, p.dq_head_stride);
+    *reinterpret_cast<uint4 *>(dq + rp.col) = out;
 }
 
 /* ---- 2. dK, dV (and the atomic dQ) of one key block ------------------------ */
@@ -1289,17 +1319,17 @@ fat_status sm80_bwd_tiles(const fat_params &p, cudaStream_t stream) {
     if (p.workspace == nullptr || p.workspace_bytes < sm80_bwd_workspace_bytes(p, D))
         return FAT_ERR_INVALID_ARGUMENT;
     const BwdArgs args = make_args(p, D);
-    const int64_t row_items = args.rows_q * p.hq;
+    const int64_t row_ctas = row_kernel_ctas<D>(args);
     const int64_t kv_blocks = (int64_t)ceil_div(p.sk, Cfg::kBlockN) * p.hkv * p.b;
     const int64_t q_blocks = (int64_t)ceil_div(p.sq, Cfg::kQBlockM) * p.hq * p.b;
-    if (row_items / kRowWarps >= INT_MAX || kv_blocks > INT_MAX || q_blocks > INT_MAX)
+    if (row_ctas > INT_MAX || kv_blocks > INT_MAX || q_blocks > INT_MAX)
         return FAT_ERR_UNSUPPORTED;
     fat_status st = allow_smem(dkdv_kernel<T, Cfg>, DkdvSmem<Cfg>::kBytes);
     if (st == FAT_OK && p.deterministic) st = allow_smem(dq_kernel<T, Cfg>, DqSmem<Cfg>::kBytes);
     if (st != FAT_OK) return st;
 
-    if (row_items > 0) {
-        bwd_prep_kernel<T, D><<<ceil_div(row_items, kRowWarps), 32 * kRowWarps, 0, stream>>>(args);
+    if (row_ctas > 0) {
+        bwd_prep_kernel<T, D><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(args);
         if ((st = launch_status()) != FAT_OK) return st;
     }
     if (kv_blocks > 0) {
@@ -1311,9 +1341,8 @@ fat_status sm80_bwd_tiles(const fat_params &p, cudaStream_t stream) {
         if (q_blocks > 0)
             dq_kernel<T, Cfg>
                 <<<(unsigned)q_blocks, Cfg::kQThreads, DqSmem<Cfg>::kBytes, stream>>>(args);
-    } else if (row_items > 0) {
-        bwd_dq_convert_kernel<T, D>
-            <<<ceil_div(row_items, kRowWarps), 32 * kRowWarps, 0, stream>>>(args);
+    } else if (row_ctas > 0) {
+        bwd_dq_convert_kernel<T, D><<<(unsigned)row_ctas, kRowThreads, 0, stream>>>(args);
     }
     return launch_status();
 }

@@ -340,10 +340,10 @@ static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run
 
     /* the launcher's sequence (fat::sm80_bwd without the CUDA runtime) */
     const fat::bwd80::BwdArgs args = fat::bwd80::make_args(p, D);
-    const int64_t row_items = args.rows_q * p.hq;
-    const unsigned row_blocks = (unsigned)((row_items + 7) / 8);
+    const unsigned row_blocks = (unsigned)fat::bwd80::row_kernel_ctas<D>(args);
+    constexpr int row_threads = fat::bwd80::kRowThreads;
     emu::shared_base = fat::bwd80::dkdv_smem;
-    emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_prep_kernel<T, D>(args); });
+    emu::run_grid(row_blocks, row_threads, 0, [&] { fat::bwd80::bwd_prep_kernel<T, D>(args); });
     const unsigned kv_blocks = (unsigned)((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN * p.hkv * p.b);
     emu::run_grid(kv_blocks, Cfg::kThreads, fat::bwd80::DkdvSmem<Cfg>::kBytes, [&] { fat::bwd80::dkdv_kernel<T, Cfg>(args); });
     if (p.deterministic) {
@@ -351,7 +351,7 @@ static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run
         const unsigned q_blocks = (unsigned)((p.sq + Cfg::kQBlockM - 1) / Cfg::kQBlockM * p.hq * p.b);
         emu::run_grid(q_blocks, Cfg::kQThreads, fat::bwd80::DqSmem<Cfg>::kBytes, [&] { fat::bwd80::dq_kernel<T, Cfg>(args); });
     } else {
-        emu::run_grid(row_blocks, 256, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
+        emu::run_grid(row_blocks, row_threads, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
     }
 
     printf("[%s] D=%d %s  tiles w%d k%d s%d m%d st%d\n", pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16",
