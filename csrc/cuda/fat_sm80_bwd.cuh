@@ -13,10 +13,10 @@
  *   dQ_i += scale dS k_j.  dK/dV of a kv head sum over its group's heads.
  *
  * Kernels, in launch order:
- *  1. bwd_prep_kernel, a group of lanes per (flat query row, query head):
+ *  1. bwd_prep_kernel, a group of lanes per two flat query rows and head:
  *     dot = sum_c dO * O, lse_log2 = lse * log2(e) (+inf where lse = -inf, so
- *     P = exp2(. - lse_log2) = 0 on empty rows), and zeroes the row's fp32 dq
- *     accumulator (non-deterministic mode).
+ *     P = exp2(. - lse_log2) = 0 on empty rows); each CTA zeroes the fp32 dq
+ *     accumulator of its rows (non-deterministic mode).
  *  2. dkdv_kernel, one CTA per (key block of kBlockN keys, kv head, batch):
  *     K, V of the block stay in shared memory, dK, dV in fp32 registers.  It
  *     loops over the group's query heads and the query blocks (kBlockM rows)
@@ -52,7 +52,11 @@
  * Workspace (sm80_bwd_workspace_bytes; fp32, each array 256-byte aligned),
  * rows_q = b * sq (dense) or total_q (varlen), flat row = b * sq + i or
  * cu_seqlens_q[b] + i:
- *   dq_accum (rows_q, hq, D), lse_log2 (hq, rows_q), dot (hq, rows_q).
+ *   dq_accum (hq, ceil(rows_q / 16), D / 8, 32, 4): per head, groups of 16
+ *   flat rows, per group the D / 8 m16n8 tiles of an mma.sync C fragment in
+ *   lane order (lane 4 g + t: rows g, g + 8, columns 2t, 2t + 1), so that a
+ *   warp adds a whole aligned C tile with one 512-byte float4 atomic
+ *   (dq_accum_index), lse_log2 (hq, rows_q), dot (hq, rows_q).
  */
 #pragma once
 
@@ -188,8 +192,9 @@ inline WorkspaceLayout workspace_layout(const fat_params &p, int padded_d) {
     WorkspaceLayout w;
     w.rows_q = p.cu_seqlens_q ? p.total_q : (int64_t)p.b * p.sq;
     const size_t per_row = (size_t)w.rows_q * p.hq * sizeof(float);
+    const size_t dq_rows = (size_t)(w.rows_q + 15) / 16 * 16;
     w.dq_accum = 0;
-    w.lse_log2 = align256(per_row * padded_d);
+    w.lse_log2 = align256(dq_rows * p.hq * padded_d * sizeof(float));
     w.dot = w.lse_log2 + align256(per_row);
     w.total = w.dot + align256(per_row);
     return w;
@@ -199,10 +204,11 @@ inline WorkspaceLayout workspace_layout(const fat_params &p, int padded_d) {
 
 struct BwdArgs {
     fat_params p;
-    float *dq_accum;               /* (rows_q, hq, D) fp32 */
+    float *dq_accum;               /* fp32, tiled: dq_accum_index */
     float *lse_log2;               /* (hq, rows_q) */
     float *dot;                    /* (hq, rows_q) */
     int64_t rows_q;
+    int64_t dq_groups;             /* ceil(rows_q / 16) */
     int window_left, window_right; /* after causal; -1 = unbounded */
     float scale;                   /* softmax_scale */
     float scale_log2;              /* softmax_scale * log2(e) */
@@ -221,6 +227,7 @@ inline BwdArgs make_args(const fat_params &p, int padded_d) {
     a.lse_log2 = reinterpret_cast<float *>(ws + w.lse_log2);
     a.dot = reinterpret_cast<float *>(ws + w.dot);
     a.rows_q = w.rows_q;
+    a.dq_groups = (w.rows_q + 15) / 16;
     fat_effective_window(&p, &a.window_left, &a.window_right);
     a.scale = (float)p.softmax_scale;
     a.scale_log2 = (float)(p.softmax_scale * log2e);
@@ -569,6 +576,16 @@ __device__ __forceinline__ void store_c_to_global(T *dst, int64_t row_stride,
     }
 }
 
+/* Index in dq_accum of (flat row r, query head h, column c); columns c, c + 1
+ * (c even) are adjacent, and so are the 4 values of one lane's C tile. */
+template <int D>
+__device__ __forceinline__ int64_t dq_accum_index(const BwdArgs &args, int64_t r, int h, int c) {
+    const int in_group = (int)(r & 15);
+    const int lane = 4 * (in_group & 7) + ((c & 7) >> 1);
+    return ((int64_t)h * args.dq_groups + (r >> 4)) * (16 * D) + (c >> 3) * 128 + 4 * lane +
+           2 * (in_group >> 3) + (c & 1);
+}
+
 /* atomicAdd of (x, y) into out[0], out[1] (8-byte aligned): one float2
  * atomic on sm90, two float atomics before. */
 __device__ __forceinline__ void atomic_add_pair(float *out, float x, float y) {
@@ -580,50 +597,50 @@ __device__ __forceinline__ void atomic_add_pair(float *out, float x, float y) {
 #endif
 }
 
-/* atomicAdd of C tiles into fp32 rows (g, g + 8) < row_limit, columns
- * (col0 + 8j + 2t) < col_limit; dst points at the warp's row 0, column 0.
- * It spells out its atomics: through atomic_add_pair, ptxas spills 32 bytes
- * in BwdCompact<128> on sm_80 (CUDA 13.0). */
-template <int NTiles>
-__device__ __forceinline__ void atomic_add_c(float *dst, int64_t row_stride,
-                                             const float (&c)[NTiles][4], int row_limit,
-                                             int col0, int col_limit, int lane) {
+/* atomicAdd of one lane's C tile c[0..3] into out[0..3] (16-byte aligned):
+ * one float4 atomic on sm90 (the warp's 32 cover 512 contiguous bytes). */
+__device__ __forceinline__ void atomic_add_quad(float *out, const float (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    atomicAdd(reinterpret_cast<float4 *>(out), make_float4(c[0], c[1], c[2], c[3]));
+#else
+#pragma unroll
+    for (int e = 0; e < 4; ++e) atomicAdd(out + e, c[e]);
+#endif
+}
+
+/* dq_accum += C tiles of one m16 row tile: rows row0 + g (+ 8) < row_limit
+ * (row0 flat), columns col0 + 8j + 2t (+1) < col_limit, any alignment. */
+template <int D, int NTiles>
+__device__ __forceinline__ void dq_atomic_add_c(const BwdArgs &args, int h, int64_t row0,
+                                                const float (&c)[NTiles][4], int row_limit,
+                                                int col0, int col_limit, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = g + 8 * half;
         if (row >= row_limit) continue;
-        float *out = dst + (int64_t)row * row_stride + col0 + 2 * t;
 #pragma unroll
-        for (int j = 0; j < NTiles; ++j)
-            if (col0 + 8 * j + 2 * t < col_limit) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2 *>(out + 8 * j),
-                          make_float2(c[j][2 * half], c[j][2 * half + 1]));
-#else
-                atomicAdd(out + 8 * j, c[j][2 * half]);
-                atomicAdd(out + 8 * j + 1, c[j][2 * half + 1]);
-#endif
-            }
+        for (int j = 0; j < NTiles; ++j) {
+            const int col = col0 + 8 * j + 2 * t;
+            if (col < col_limit)
+                atomic_add_pair(args.dq_accum + dq_accum_index<D>(args, row0 + row, h, col),
+                                c[j][2 * half], c[j][2 * half + 1]);
+        }
     }
 }
 
-/* atomic_add_c of MTiles m16 tiles (rows 16 mt + g, + 8) with every row and
- * column valid, straight-line: out points at this lane's first element (row
- * g, column 2t of tile 0), every other address is out plus a warp-uniform
- * offset. */
-template <int MTiles, int NTiles>
-__device__ __forceinline__ void atomic_add_c_full(float *out, int64_t row_stride,
-                                                  const float (&c)[MTiles][NTiles][4]) {
+/* The same for MTiles m16 row tiles that are whole dq_accum row groups
+ * (row0 % 16 = 0) with every row and column valid: one float4 atomic per
+ * C tile, at group_base (row group row0 / 16, column 0, this lane) plus a
+ * warp-uniform offset. */
+template <int D, int MTiles, int NTiles>
+__device__ __forceinline__ void dq_atomic_add_groups(float *group_base, int col0,
+                                                     const float (&c)[MTiles][NTiles][4]) {
 #pragma unroll
     for (int mt = 0; mt < MTiles; ++mt)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float *row = out + (16 * mt + 8 * half) * row_stride;
-#pragma unroll
-            for (int j = 0; j < NTiles; ++j)
-                atomic_add_pair(row + 8 * j, c[mt][j][2 * half], c[mt][j][2 * half + 1]);
-        }
+        for (int j = 0; j < NTiles; ++j)
+            atomic_add_quad(group_base + mt * 16 * D + (col0 / 8 + j) * 128, c[mt][j]);
 }
 
 template <int NTiles> __device__ __forceinline__ void zero_c(float (&c)[NTiles][4]) {
@@ -635,16 +652,19 @@ template <int NTiles> __device__ __forceinline__ void zero_c(float (&c)[NTiles][
 
 /* ---- 1. preprocess: dot, lse_log2, dq accumulator = 0 --------------------- */
 
-/* The row kernels (prep, dq convert) give each (flat row, query head) a
- * group of kRowLanes<D> lanes (a power of two, so groups never straddle a
- * warp), lane c of the group owning head-dim columns 8c .. 8c + 7: 16-byte
- * loads and stores with every lane busy.  A CTA of kRowThreads threads
- * covers kRowsPerCta<D> consecutive flat rows of one head; CTA x is head
- * x % hq of row block x / hq, so neighbouring CTAs read neighbouring heads
- * of the same rows. */
+/* The row kernels (prep, dq convert) give each pair of flat rows r, r + 8
+ * of one dq_accum row group and one query head a group of kRowLanes<D>
+ * lanes (a power of two, so groups never straddle a warp), lane c of the
+ * group owning head-dim columns 8c .. 8c + 7 of both rows: 16-byte loads
+ * and stores of the rows with every lane busy, and in dq_accum the 64
+ * contiguous bytes of C tile c that hold exactly those 16 values.  A CTA of
+ * kRowThreads threads covers kRowsPerCta<D> consecutive flat rows (whole
+ * row groups) of one head; CTA x is head x % hq of row block x / hq, so
+ * neighbouring CTAs read neighbouring heads of the same rows. */
 constexpr int kRowThreads = 256;
 template <int D> constexpr int kRowLanes = D <= 32 ? 4 : D <= 64 ? 8 : D <= 128 ? 16 : 32;
-template <int D> constexpr int kRowsPerCta = kRowThreads / kRowLanes<D>;
+template <int D> constexpr int kRowsPerCta = 2 * kRowThreads / kRowLanes<D>;
+template <int D> constexpr int kRowGroupsPerCta = kRowsPerCta<D> / 16;
 
 /* CTAs of either row kernel. */
 template <int D> inline int64_t row_kernel_ctas(const BwdArgs &args) {
@@ -653,20 +673,32 @@ template <int D> inline int64_t row_kernel_ctas(const BwdArgs &args) {
 
 /* Where this thread's part of the row kernels lies. */
 struct RowPart {
-    int64_t r; /* flat query row */
+    int64_t group; /* dq_accum row group of its rows */
+    int64_t r[2];  /* flat query rows 16 group + g, + 8 */
+    bool valid[2]; /* r[i] < rows_q */
     int h;
-    int col;    /* first of its 8 head-dim columns */
-    bool valid; /* r < rows_q */
+    int col; /* first of its 8 head-dim columns */
 };
 
 template <int D> __device__ __forceinline__ RowPart row_part(const BwdArgs &args) {
     RowPart rp;
     const int hq = args.p.hq;
+    const int pair = threadIdx.x / kRowLanes<D>;
     rp.h = (int)(blockIdx.x % hq);
-    rp.r = (int64_t)(blockIdx.x / hq) * kRowsPerCta<D> + threadIdx.x / kRowLanes<D>;
+    rp.group = (int64_t)(blockIdx.x / hq) * kRowGroupsPerCta<D> + pair / 8;
+    rp.r[0] = 16 * rp.group + pair % 8;
+    rp.r[1] = rp.r[0] + 8;
+    rp.valid[0] = rp.r[0] < args.rows_q;
+    rp.valid[1] = rp.r[1] < args.rows_q;
     rp.col = (int)(threadIdx.x % kRowLanes<D>) * 8;
-    rp.valid = rp.r < args.rows_q;
     return rp;
+}
+
+/* This thread's 16 dq_accum values (C tile col / 8, lanes 4g .. 4g + 3 of
+ * its row group, g = r[0] % 16): float4 t holds row r[0]'s columns col + 2t,
+ * + 1, then row r[1]'s. */
+template <int D> __device__ __forceinline__ float *dq_accum_part(const BwdArgs &args, const RowPart &rp) {
+    return args.dq_accum + dq_accum_index<D>(args, rp.r[0], rp.h, rp.col);
 }
 
 template <typename T>
@@ -676,47 +708,59 @@ __device__ __forceinline__ void unpack8(float (&x)[8], const uint4 &chunk) {
     for (int k = 0; k < 8; ++k) x[k] = elem<T>::to_float(e[k]);
 }
 
+/* dq_accum = 0 over this CTA's row groups of its head: one contiguous
+ * stretch, written with coalesced 16-byte stores. */
+template <int D> __device__ __forceinline__ void zero_dq_accum_groups(const BwdArgs &args) {
+    const int hq = args.p.hq;
+    const int64_t group0 = (int64_t)(blockIdx.x / hq) * kRowGroupsPerCta<D>;
+    const int64_t groups = min((int64_t)kRowGroupsPerCta<D>, args.dq_groups - group0);
+    float4 *out = reinterpret_cast<float4 *>(
+        args.dq_accum + ((int64_t)(blockIdx.x % hq) * args.dq_groups + group0) * (16 * D));
+    for (int i = threadIdx.x; i < groups * (4 * D); i += kRowThreads)
+        out[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
 /* dot = dO . O and lse_log2 of every (flat row, head); zeroes the dq
  * accumulator (non-deterministic mode).  No lane leaves before the group's
  * shuffles. */
 template <typename T, int D>
 __global__ void __launch_bounds__(kRowThreads) bwd_prep_kernel(const BwdArgs args) {
     const fat_params &p = args.p;
+    if (!p.deterministic) zero_dq_accum_groups<D>(args);
     const RowPart rp = row_part<D>(args);
-    float acc = 0.f;
-    if (rp.valid && rp.col < p.d_v) {
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (!rp.valid[i] || rp.col >= p.d_v) continue;
         const T *o = static_cast<const T *>(p.o) +
-                     flat_row_offset(p, rp.r, rp.h, p.o_batch_stride, p.o_row_stride,
+                     flat_row_offset(p, rp.r[i], rp.h, p.o_batch_stride, p.o_row_stride,
                                      p.o_head_stride);
         const T *dout = static_cast<const T *>(p.dout) +
-                        flat_row_offset(p, rp.r, rp.h, p.do_batch_stride, p.do_row_stride,
+                        flat_row_offset(p, rp.r[i], rp.h, p.do_batch_stride, p.do_row_stride,
                                         p.do_head_stride);
         float x[8], y[8];
         unpack8<T>(x, *reinterpret_cast<const uint4 *>(o + rp.col));
         unpack8<T>(y, *reinterpret_cast<const uint4 *>(dout + rp.col));
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc += x[k] * y[k];
+        for (int k = 0; k < 8; ++k) acc[i] += x[k] * y[k];
     }
 #pragma unroll
     for (int off = kRowLanes<D> / 2; off > 0; off >>= 1)
-        acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (!rp.valid) return;
-
-    if (rp.col == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], off);
+    if (rp.col != 0) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (!rp.valid[i]) continue;
+        const int64_t r = rp.r[i];
         const int64_t lse_off = p.cu_seqlens_q
-                                    ? (int64_t)rp.h * p.lse_head_stride + rp.r
-                                    : (rp.r / p.sq) * p.lse_batch_stride +
-                                          (int64_t)rp.h * p.lse_head_stride + rp.r % p.sq;
+                                    ? (int64_t)rp.h * p.lse_head_stride + r
+                                    : (r / p.sq) * p.lse_batch_stride +
+                                          (int64_t)rp.h * p.lse_head_stride + r % p.sq;
         const float lse = p.lse[lse_off];
-        const int64_t stat = (int64_t)rp.h * args.rows_q + rp.r;
-        args.dot[stat] = acc;
+        const int64_t stat = (int64_t)rp.h * args.rows_q + r;
+        args.dot[stat] = acc[i];
         args.lse_log2[stat] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
-    }
-    if (!p.deterministic && rp.col < D) {
-        float4 *dq = reinterpret_cast<float4 *>(args.dq_accum +
-                                                (rp.r * p.hq + rp.h) * D + rp.col);
-        dq[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-        dq[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
 
@@ -726,19 +770,26 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kRowThreads) bwd_dq_convert_kernel(const BwdArgs args) {
     const fat_params &p = args.p;
     const RowPart rp = row_part<D>(args);
-    if (!rp.valid || rp.col >= p.d) return;
-    const float4 *acc =
-        reinterpret_cast<const float4 *>(args.dq_accum + (rp.r * p.hq + rp.h) * D + rp.col);
-    const float4 lo = acc[0], hi = acc[1];
+    if (!rp.valid[0] || rp.col >= p.d) return;
+    const float4 *acc = reinterpret_cast<const float4 *>(dq_accum_part<D>(args, rp));
+    const float4 c[4] = {acc[0], acc[1], acc[2], acc[3]};
     const float s = args.scale;
-    uint4 out;
-    out.x = elem<T>::pack(lo.x * s, lo.y * s);
-    out.y = elem<T>::pack(lo.z * s, lo.w * s);
-    out.z = elem<T>::pack(hi.x * s, hi.y * s);
-    out.w = elem<T>::pack(hi.z * s, hi.w * s);
-    T *dq = static_cast<T *>(p.dq) + flat_row_offset(p, rp.r, rp.h, p.dq_batch_stride,
-                                                     p.dq_row_stride, p.dq_head_stride);
-    *reinterpret_cast<uint4 *>(dq + rp.col) = out;
+    uint4 row0, row1;
+    row0.x = elem<T>::pack(c[0].x * s, c[0].y * s);
+    row0.y = elem<T>::pack(c[1].x * s, c[1].y * s);
+    row0.z = elem<T>::pack(c[2].x * s, c[2].y * s);
+    row0.w = elem<T>::pack(c[3].x * s, c[3].y * s);
+    row1.x = elem<T>::pack(c[0].z * s, c[0].w * s);
+    row1.y = elem<T>::pack(c[1].z * s, c[1].w * s);
+    row1.z = elem<T>::pack(c[2].z * s, c[2].w * s);
+    row1.w = elem<T>::pack(c[3].z * s, c[3].w * s);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (!rp.valid[i]) continue;
+        T *dq = static_cast<T *>(p.dq) + flat_row_offset(p, rp.r[i], rp.h, p.dq_batch_stride,
+                                                         p.dq_row_stride, p.dq_head_stride);
+        *reinterpret_cast<uint4 *>(dq + rp.col) = i == 0 ? row0 : row1;
+    }
 }
 
 /* ---- 2. dK, dV (and the atomic dQ) of one key block ------------------------ */
@@ -911,17 +962,17 @@ __device__ __forceinline__ void mma_dq(float (&acc)[MTiles][NTiles][4], uint32_t
 }
 
 /* dQ rows q0.. of head h += dS K (dS^T in shared memory), by atomicAdd:
- * straight-line when the warp's rows and all D columns are valid and
- * kSplitD > 1 (with kSplitD = 1 that path spills BwdCompact<128> on
- * sm_80, see load_query_tile). */
+ * whole C tiles by float4 atomics when the warp's rows are whole row groups
+ * of dq_accum and all D columns are valid, element pairs otherwise. */
 template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry &geo,
                                              uint32_t smem, const DkdvWarp &w, int h, int q0) {
     constexpr int D = Cfg::D, MT = Cfg::kDqMTiles, NT = Cfg::kDqChunk / 8;
-    const int64_t row_stride = (int64_t)args.p.hq * D;
-    float *dst = args.dq_accum + (geo.flat_q0 + q0 + w.dq_row0) * row_stride + (int64_t)h * D;
+    const int64_t row0 = geo.flat_q0 + q0 + w.dq_row0;
     const int row_limit = geo.seq.sq - q0 - w.dq_row0;
-    const bool full = Cfg::kSplitD > 1 && row_limit >= 16 * MT && args.p.d == D;
+    const bool whole = (row0 & 15) == 0 && row_limit >= 16 * MT && args.p.d == D;
+    float *group_base = args.dq_accum + ((int64_t)h * args.dq_groups + (row0 >> 4)) * (16 * D) +
+                        4 * w.lane;
 #pragma unroll 1
     for (int c = 0; c < Cfg::kDqSpan / Cfg::kDqChunk; ++c) {
         const int col0 = w.dq_col0 + c * Cfg::kDqChunk;
@@ -929,14 +980,13 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) zero_c(acc[mt]);
         mma_dq<T, Cfg>(acc, smem, w.dq_row0, col0, w.lane);
-        if (full) {
-            atomic_add_c_full(dst + (w.lane >> 2) * row_stride + 2 * (w.lane & 3) + col0,
-                              row_stride, acc);
+        if (whole) {
+            dq_atomic_add_groups<D>(group_base, col0, acc);
         } else {
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                atomic_add_c(dst + 16 * mt * row_stride, row_stride, acc[mt],
-                             row_limit - 16 * mt, col0, args.p.d, w.lane);
+                dq_atomic_add_c<D>(args, h, row0 + 16 * mt, acc[mt], row_limit - 16 * mt, col0,
+                                   args.p.d, w.lane);
         }
     }
 }
