@@ -715,7 +715,7 @@ template <int D> __device__ __forceinline__ void zero_dq_accum_groups(const BwdA
     const int64_t group0 = (int64_t)(blockIdx.x / hq) * kRowGroupsPerCta<D>;
     const int64_t groups = min((int64_t)kRowGroupsPerCta<D>, args.dq_groups - group0);
     float4 *out = reinterpret_cast<float4 *>(
-        args.dq_accum + ((int64_t)(blockIdx.x % hq) * args.dq_groups + group0) * (16 * D));
+        args.dq_accum + dq_accum_index<D>(args, 16 * group0, (int)(blockIdx.x % hq), 0));
     for (int i = threadIdx.x; i < groups * (4 * D); i += kRowThreads)
         out[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
@@ -971,8 +971,8 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
     const int64_t row0 = geo.flat_q0 + q0 + w.dq_row0;
     const int row_limit = geo.seq.sq - q0 - w.dq_row0;
     const bool whole = (row0 & 15) == 0 && row_limit >= 16 * MT && args.p.d == D;
-    float *group_base = args.dq_accum + ((int64_t)h * args.dq_groups + (row0 >> 4)) * (16 * D) +
-                        4 * w.lane;
+    float *group_base =
+        args.dq_accum + dq_accum_index<D>(args, row0 + (w.lane >> 2), h, 2 * (w.lane & 3));
 #pragma unroll 1
     for (int c = 0; c < Cfg::kDqSpan / Cfg::kDqChunk; ++c) {
         const int col0 = w.dq_col0 + c * Cfg::kDqChunk;
