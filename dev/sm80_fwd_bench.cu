@@ -9,6 +9,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -42,12 +43,17 @@ template <class Cfg> Variant variant(const char *name) {
 }
 
 
-/* usage: sm80_fwd_bench [head_dim seqlen]  (default: the whole grid) */
+/* usage: sm80_fwd_bench [head_dim seqlen [name]]  (default: the whole grid; 0: every
+ * head dim / seqlen of it; name: only the variants whose name contains it) */
 int main(int argc, char **argv) {
     const int only_d = argc > 2 ? atoi(argv[1]) : 0, only_s = argc > 2 ? atoi(argv[2]) : 0;
+    const char *only_name = argc > 3 ? argv[3] : nullptr; /* substring of the variant names */
     using namespace fat;
     const Variant variants[] = {
         variant<Sm80FwdConfig<128>>("d128 default"),
+        variant<Sm80FwdConfig<128, kFwdAlwaysPairs>>("d128 default pairs"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdEarlyK>>("d128 default single"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>("d128 default latek"),
         variant<Sm80FwdTiles<128, 4, 2, 32>>("d128 w4 mt2 n32"),
         variant<Sm80FwdTiles<128, 4, 2, 64>>("d128 w4 mt2 n64"),
         variant<Sm80FwdTiles<128, 8, 1, 64>>("d128 w8 mt1 n64"),
@@ -64,6 +70,8 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<128, 4, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d128 w4 mt1 n64 qreg exp2 lazy split 3cta"),
         variant<Sm80FwdTiles<128, 4, 1, 32, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d128 w4 mt1 n32 qreg exp2 lazy split 3cta"),
         variant<Sm80FwdConfig<64>>("d64 default"),
+        variant<Sm80FwdConfig<64, kFwdAlwaysPairs>>("d64 default pairs"),
+        variant<Sm80FwdConfig<64, kFwdEarlyK>>("d64 default earlyk"),
         variant<Sm80FwdTiles<64, 4, 2, 64>>("d64 w4 mt2 n64"),
         variant<Sm80FwdTiles<64, 4, 2, 128>>("d64 w4 mt2 n128"),
         variant<Sm80FwdTiles<64, 8, 1, 64, true>>("d64 w8 mt1 n64 qreg"),
@@ -77,11 +85,11 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<64, 8, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d64 w8 mt1 n64 qreg exp2 lazy split 2cta"),
     };
     const int tokens = 16384, hidden = 2048;
-    const int seqlens[] = {1024, 2048, 4096, 16384};
+    const int seqlens[] = {1024, 2048, 4096, 8192, 16384};
     printf("%-44s %6s %6s %9s %8s %10s\n", "variant", "seqlen", "causal", "ms", "TFLOPS", "maxdiff");
     for (int d : {128, 64}) {
         for (int s : seqlens) {
-            if (only_d && (d != only_d || s != only_s)) continue;
+            if ((only_d && d != only_d) || (only_s && s != only_s)) continue;
             Problem pr = {tokens / s, s, hidden / d, d};
             const size_t n = (size_t)tokens * hidden;
             cudaMalloc(&pr.q, n * 2); cudaMalloc(&pr.k, n * 2); cudaMalloc(&pr.v, n * 2);
@@ -93,7 +101,7 @@ int main(int argc, char **argv) {
             for (int causal = 0; causal < 2; ++causal) {
                 bool have_first = false;
                 for (const Variant &v : variants) {
-                    if (v.d != d) continue;
+                    if (v.d != d || (only_name && !strstr(v.name, only_name))) continue;
                     const fat_params p = params_of(pr, causal);
                     if (v.fn(p, 0) != FAT_OK) { printf("%s: launch failed\n", v.name); continue; }
                     cudaDeviceSynchronize();

@@ -8,6 +8,7 @@
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
+#   SM80_BENCH_FILTER="default"  only the bench variants whose name contains it
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   NCU_SM90="64x2048 128x8192x0x1"  ncu of the sm90a forward at these shapes: head dim x
@@ -17,6 +18,8 @@
 #   NCU_BWD="fat:64:16384:0 fa2:64:16384:0"  ncu of the backward's main kernel, flash_attn_t
 #                           or torch's FlashAttention-2, at impl:head dim:seqlen:causal
 #                           (scripts/profile_bwd.py; pipes, stall reasons, launch stats)
+#   NCU_FWD="fat:128:1024:0 fa2:128:1024:0"  the same for the forward kernel (flash_attn_t's
+#                           sm80 forward, FLASH_ATTN_T_BACKEND=sm80, or FlashAttention-2's)
 #   BWD_KERNELS="64:1024:1 128:16384:0"  per-kernel CUDA times of one backward of both
 #                           (profile_bwd.py --kernels) at head dim:seqlen:causal
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
@@ -86,8 +89,8 @@ sm80_bench() {
   local pass=$1
   [ -x "/tmp/sm80_${pass}_bench" ] || return
   for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
-    [ "$shape" = all ] && args="" || args="${shape/x/ }"
-    TAIL=70 step "sm80_${pass}_bench_$shape" timeout 120 "/tmp/sm80_${pass}_bench" $args
+    [ "$shape" = all ] && args="0 0" || args="${shape/x/ }"
+    TAIL=70 step "sm80_${pass}_bench_$shape" timeout 120 "/tmp/sm80_${pass}_bench" $args ${SM80_BENCH_FILTER:-}
   done
 }
 [ -n "${SM80_FWD_BENCH:-}" ] && sm80_bench fwd
@@ -121,6 +124,13 @@ for spec in ${NCU_BWD:-}; do
   TAIL=3 step "ncu_bwd_$impl${d}x${s}x$c" ncu --clock-control none $NCU_SECTIONS --section LaunchStats \
     --metrics "$PIPE_METRICS,$STALL_METRICS,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second" \
     -k regex:"dkdv_kernel|flash_bwd_dq_dk_dv" -c 1 \
+    python3 scripts/profile_bwd.py --impl "$impl" --d "$d" --seqlen "$s" $( [ "$c" = 1 ] && echo --causal )
+done
+for spec in ${NCU_FWD:-}; do
+  IFS=: read -r impl d s c <<< "$spec"
+  TAIL=3 FLASH_ATTN_T_BACKEND=sm80 step "ncu_fwd_$impl${d}x${s}x$c" ncu --clock-control none $NCU_SECTIONS \
+    --section LaunchStats --metrics "$PIPE_METRICS,$STALL_METRICS,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second" \
+    -k regex:"sm80_fwd_kernel|flash_fwd_kernel" -c 1 \
     python3 scripts/profile_bwd.py --impl "$impl" --d "$d" --seqlen "$s" $( [ "$c" = 1 ] && echo --causal )
 done
 for spec in ${BWD_KERNELS:-}; do

@@ -63,6 +63,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "fat_cuda_internal.h"
@@ -94,10 +95,14 @@ constexpr int dq_chunk_cols(int span, int m_tiles) {
  * device (163 KB on an A100, 227 KB on an H100 / H200; the launcher answers
  * unsupported otherwise).  kOverlapScores: GradMath::score_part (the exp2
  * of P, the tanh under softcap) between the MMAs of the dP^T GEMM
- * (dkdv_step_grads); false (after both GEMMs) where that spills.  dq_kernel
+ * (dkdv_step_grads); false (after both GEMMs) where that spills.  kPairs:
+ * where a key block's visible queries shrink with its index (causal, or a
+ * right window with no left one), CTA j runs key blocks j and
+ * num_k_blocks - 1 - j, so every CTA does the same work and the heaviest
+ * blocks of the last heads do not run alone at the end.  dq_kernel
  * (deterministic mode) tiles depend on D only. */
 template <int D_, int kWarps_, int kKeyTiles_, int kSplitD_, int kBlockM_, int kStages_,
-          bool kOverlapScores_ = true>
+          bool kOverlapScores_ = true, bool kPairs_ = false>
 struct BwdTiles {
     static constexpr int D = D_;
     /* dkdv_kernel */
@@ -109,6 +114,7 @@ struct BwdTiles {
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kStages = kStages_;
     static constexpr bool kOverlapScores = kOverlapScores_;
+    static constexpr bool kPairs = kPairs_;
     static constexpr int kSTiles = kBlockM / kSplitD / 8; /* n8 tiles of S^T per key tile */
     static constexpr int kKvTiles = D / kSplitD / 8;      /* n8 tiles of dK, dV per key tile */
     static constexpr int kDqMTiles = D >= 128 ? 2 : 1;    /* m16 tiles per warp in dQ */
@@ -140,10 +146,10 @@ struct BwdTiles {
  * MMAs): the fastest of dev/sm80_bwd_bench.cu's variants on an H200
  * (benchmarks/NOTES.md "sm80 backward").  D >= 192 single-buffers Q / dO
  * to fit an A100's shared memory; D = 32, 96 are unmeasured. */
-template <int D>
+template <int D, bool kPairs = false>
 struct BwdConfig
     : BwdTiles<D, D == 64 ? 4 : 8, (D == 64 || D == 128) ? 2 : 1, (D == 128 || D >= 192) ? 2 : 1,
-               D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2> {};
+               D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2, true, kPairs> {};
 
 /* Where BwdConfig<D> needs more shared memory than the device has (D = 128:
  * 177 KB, an A100 has 163 KB), the backward runs with BwdCompact<D>::type,
@@ -151,6 +157,12 @@ struct BwdConfig
  * sm_90a with it).  Other head dims fit everywhere. */
 template <int D> struct BwdCompact { using type = BwdConfig<D>; };
 template <> struct BwdCompact<128> { using type = BwdTiles<128, 8, 1, 1, 64, 2, false>; };
+
+/* The head dims whose backward runs causal grids in pairs where
+ * pairs_finish_sooner says so (BwdConfig<D, true>, a second instantiation):
+ * D = 128, 1-3 % faster at 1k-8k causal on an H100; at D = 64 the pairs'
+ * kernel is slower in every case (benchmarks/NOTES.md "causal pairs"). */
+constexpr bool bwd_may_pair(int d) { return d == 128; }
 
 /* Byte offsets of dkdv_kernel's shared memory (all multiples of 16). */
 template <class Cfg> struct DkdvSmem {
@@ -215,6 +227,7 @@ struct BwdArgs {
     float tanh_scale;              /* softmax_scale / softcap (softcap > 0) */
     float cap_log2;                /* softcap * log2(e) */
     int softcap;                   /* softcap > 0 */
+    bool paired;                   /* dkdv_kernel runs key blocks in pairs (kPairs) */
 };
 
 inline BwdArgs make_args(const fat_params &p, int padded_d) {
@@ -234,7 +247,22 @@ inline BwdArgs make_args(const fat_params &p, int padded_d) {
     a.softcap = p.softcap > 0;
     a.tanh_scale = a.softcap ? (float)(p.softmax_scale / p.softcap) : 0.f;
     a.cap_log2 = (float)(p.softcap * log2e);
+    a.paired = false;
     return a;
+}
+
+/* make_args for tile configuration Cfg: pairs key blocks (Cfg::kPairs) where
+ * a key block's visible queries shrink with its index. */
+template <class Cfg> inline BwdArgs tile_args(const fat_params &p) {
+    BwdArgs args = make_args(p, Cfg::D);
+    args.paired = Cfg::kPairs && args.window_right >= 0 && args.window_left < 0;
+    return args;
+}
+
+/* dkdv_kernel's grid: one CTA per (job, kv head, sequence) (key_block_job). */
+template <class Cfg> inline int64_t dkdv_ctas(const BwdArgs &args) {
+    const int64_t k_blocks = (args.p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    return (args.paired ? (k_blocks + 1) / 2 : k_blocks) * args.p.hkv * args.p.b;
 }
 
 /* ---- small device helpers ------------------------------------------------ */
@@ -1137,21 +1165,18 @@ struct StepCursor {
     }
 };
 
-/* One CTA per (key block, kv head, batch), key block fastest in blockIdx.x. */
+/* dK, dV of key block k_block of kv head hk, sequence b; dkdv_smem: the
+ * kernel's dynamic shared memory. */
 template <typename T, class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) dkdv_kernel(const BwdArgs args) {
+__device__ __forceinline__ void dkdv_key_block(const BwdArgs &args, unsigned char *dkdv_smem,
+                                               int k_block, int hk, int b) {
     using L = DkdvSmem<Cfg>;
     using KvTile = typename L::KvTile;
     constexpr int BN = Cfg::kBlockN, BM = Cfg::kBlockM, KT = Cfg::kKvTiles, MT = Cfg::kKeyTiles;
     const fat_params &p = args.p;
-    extern __shared__ __align__(16) unsigned char dkdv_smem[];
     const uint32_t smem = smem_u32(dkdv_smem);
     const float *smem_f32 = reinterpret_cast<const float *>(dkdv_smem);
 
-    const int num_k_blocks = (p.sk + BN - 1) / BN;
-    const int k_block = blockIdx.x % num_k_blocks;
-    const int hk = (blockIdx.x / num_k_blocks) % p.hkv;
-    const int b = blockIdx.x / num_k_blocks / p.hkv;
     const Geometry geo = make_geometry(args, b);
     const int k0 = k_block * BN;
     if (k0 >= geo.seq.sk) return;
@@ -1216,6 +1241,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dkdv_kernel(const BwdArgs ar
                           w.kv_col0, p.d, args.scale, w.lane);
         store_c_to_global(dv_out, p.dv_row_stride, dv[mt], w.key_row0 + 16 * mt, key_limit,
                           w.kv_col0, p.d_v, 1.f, w.lane);
+    }
+}
+
+/* The (key block, kv head, sequence) of part 0 or 1 of this CTA's job; a
+ * negative key block when the job has no such part.  One CTA per (job, kv
+ * head, sequence), job fastest in blockIdx.x.  A job is key block j; with
+ * kPairs and BwdArgs::paired, key block j (the heavier) and then key block
+ * num_k_blocks - 1 - j.  blockIdx is read through a volatile asm so that
+ * part 1 recomputes these values instead of holding them across part 0. */
+struct KeyBlockJob {
+    int k_block, hk, b;
+};
+template <class Cfg> __device__ __forceinline__ KeyBlockJob key_block_job(const BwdArgs &args, int part) {
+    const fat_params &p = args.p;
+    const int num_k_blocks = (p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN;
+    const bool paired = Cfg::kPairs && args.paired;
+    const int jobs = paired ? (num_k_blocks + 1) / 2 : num_k_blocks;
+    int bid;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(bid));
+    const int job = bid % jobs, mirror = num_k_blocks - 1 - job;
+    KeyBlockJob j;
+    j.k_block = part == 0 ? job : paired && mirror > job ? mirror : -1;
+    j.hk = (bid / jobs) % p.hkv;
+    j.b = bid / jobs / p.hkv;
+    return j;
+}
+
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) dkdv_kernel(const BwdArgs args) {
+    extern __shared__ __align__(16) unsigned char dkdv_smem[];
+#pragma unroll 1
+    for (int part = 0; part < (Cfg::kPairs ? 2 : 1); ++part) {
+        const KeyBlockJob j = key_block_job<Cfg>(args, part);
+        if (j.k_block < 0) break;
+        if (part > 0) __syncthreads(); /* every warp is done with the first block's tiles */
+        dkdv_key_block<T, Cfg>(args, dkdv_smem, j.k_block, j.hk, j.b);
     }
 }
 
@@ -1358,6 +1419,30 @@ inline fat_status launch_status() {
 
 inline unsigned ceil_div(int64_t n, int64_t d) { return (unsigned)((n + d - 1) / d); }
 
+/* Whether dkdv_kernel<T, Cfg> (Cfg::kPairs) runs p's grid in pairs and that
+ * finishes sooner than one key block per CTA: a key block costs its query
+ * blocks (max seqlens) plus two for its prologue and epilogue.  False where
+ * the device cannot run or describe the kernel (the launch reports it). */
+template <typename T, class Cfg> bool bwd_pairs_sooner(const fat_params &p) {
+    const BwdArgs args = tile_args<Cfg>(p);
+    int dev = 0, sms = 0, per_sm = 0;
+    if (!args.paired || allow_smem(dkdv_kernel<T, Cfg>, DkdvSmem<Cfg>::kBytes) != FAT_OK ||
+        cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dkdv_kernel<T, Cfg>, Cfg::kThreads,
+                                                      DkdvSmem<Cfg>::kBytes) != cudaSuccess ||
+        per_sm < 1)
+        return false;
+    const int64_t shift = (int64_t)p.sk - p.sq + args.window_right;
+    auto cost = [&](int k_block) {
+        const int64_t first_row = std::max<int64_t>(0, (int64_t)k_block * Cfg::kBlockN - shift);
+        const int64_t rows = std::max<int64_t>(0, p.sq - first_row);
+        return 2.0 + (double)((rows + Cfg::kBlockM - 1) / Cfg::kBlockM);
+    };
+    const int n = (int)ceil_div(p.sk, Cfg::kBlockN);
+    return pairs_finish_sooner(cost, n, (int64_t)p.hkv * p.b, sms * per_sm);
+}
+
 } /* namespace bwd80 */
 
 /* The backward with tile configuration Cfg (a BwdTiles; dev/sm80_bwd_bench.cu
@@ -1368,9 +1453,9 @@ fat_status sm80_bwd_tiles(const fat_params &p, cudaStream_t stream) {
     constexpr int D = Cfg::D;
     if (p.workspace == nullptr || p.workspace_bytes < sm80_bwd_workspace_bytes(p, D))
         return FAT_ERR_INVALID_ARGUMENT;
-    const BwdArgs args = make_args(p, D);
+    const BwdArgs args = tile_args<Cfg>(p);
     const int64_t row_ctas = row_kernel_ctas<D>(args);
-    const int64_t kv_blocks = (int64_t)ceil_div(p.sk, Cfg::kBlockN) * p.hkv * p.b;
+    const int64_t kv_blocks = dkdv_ctas<Cfg>(args);
     const int64_t q_blocks = (int64_t)ceil_div(p.sq, Cfg::kQBlockM) * p.hq * p.b;
     if (row_ctas > INT_MAX || kv_blocks > INT_MAX || q_blocks > INT_MAX)
         return FAT_ERR_UNSUPPORTED;
@@ -1402,6 +1487,10 @@ fat_status sm80_bwd_tiles(const fat_params &p, cudaStream_t stream) {
 template <typename T, int D> fat_status sm80_bwd(const fat_params &p, cudaStream_t stream) {
     using Fast = bwd80::BwdConfig<D>;
     using Compact = typename bwd80::BwdCompact<D>::type;
+    if constexpr (bwd80::bwd_may_pair(D)) {
+        using Pairs = bwd80::BwdConfig<D, true>;
+        if (bwd80::bwd_pairs_sooner<T, Pairs>(p)) return sm80_bwd_tiles<T, Pairs>(p, stream);
+    }
     const fat_status st = sm80_bwd_tiles<T, Fast>(p, stream);
     if constexpr (!std::is_same<Fast, Compact>::value)
         if (st == FAT_ERR_UNSUPPORTED) return sm80_bwd_tiles<T, Compact>(p, stream);

@@ -7,7 +7,9 @@
  * Grid: one CTA per (query block of kBlockM rows, query head, sequence),
  * flattened into blockIdx.x with the query block fastest (the CTAs of one
  * head run together and share K/V in L2); under causal masking the heaviest
- * query blocks come first.  kWarps warps split the query block: warp w owns
+ * query blocks come first (kFwdPairs: a CTA runs the mirrored pair of blocks
+ * nqb - 1 - j and j, so that every CTA does the same work).  kWarps warps
+ * split the query block: warp w owns
  * rows [w * 16 * kMTiles, (w + 1) * 16 * kMTiles), kMTiles m16 tiles each,
  * and holds their O accumulator (kMTiles x D/8 C tiles), running row max and
  * row sum in registers.  Shared memory: the Q tile (kBlockM x D) and one
@@ -15,7 +17,8 @@
  * Loop over the visible key blocks j (window/causal ranges skipped):
  *   wait K_j; start loading V_j; S = Q K_j^T; mask (boundary blocks only);
  *   online softmax in the log2 domain; wait V_j; start loading K_{j+1};
- *   O += P V_j with P taken straight from the S registers (kFwdHalfS: S,
+ *   O += P V_j with P taken straight from the S registers (kFwdEarlyK, the
+ *   D = 128 default: wait V_j and start K_{j+1} right after S; kFwdHalfS: S,
  *   softmax and P V in two halves of the key block).
  * Epilogue: O / rowsum staged through each warp's own rows of the Q tile and
  * stored in 16-byte chunks; lse = (reference max in log2 units + log2 sum)
@@ -24,6 +27,8 @@
 #pragma once
 
 #include <math.h>
+
+#include <algorithm>
 
 #include "fat_cuda_internal.h"
 #include "fat_sm80_primitives.cuh"
@@ -51,6 +56,18 @@ enum Sm80FwdFlags {
     /* S and its softmax in two halves of kBlockN / 2 keys (the registers of
      * the half tile; K and V loads and barriers per kBlockN keys) */
     kFwdHalfS = 16,
+    /* where a query block's keys grow with its index (causal, or a right
+     * window with no left one) and pairs_finish_sooner says so, CTA j of a
+     * head runs block nqb - 1 - j and then block j: equal work per CTA, so
+     * the last CTAs to start are not the heaviest (in block order the
+     * heaviest blocks of the last heads start last and run alone at the end) */
+    kFwdPairs = 32,
+    /* kFwdPairs wherever the keys grow with the block (dev tools) */
+    kFwdAlwaysPairs = 64,
+    /* (one S sub-block only) wait for V_j and start loading K_{j+1} right
+     * after S = Q K_j^T instead of after the softmax: K_{j+1} lands under the
+     * softmax and P V_j, V_j under S alone */
+    kFwdEarlyK = 128,
 };
 
 /* One tile configuration: kWarps warps of kMTiles m16 tiles each split the
@@ -70,6 +87,10 @@ struct Sm80FwdTiles {
     static constexpr bool kLazyRescale = (kFlags_ & kFwdLazyRescale) != 0;
     static constexpr bool kSplitSoftcap = (kFlags_ & kFwdSplitSoftcap) != 0;
     static constexpr int kSubN = (kFlags_ & kFwdHalfS) ? kBlockN_ / 2 : kBlockN_;
+    static constexpr bool kPairs = (kFlags_ & (kFwdPairs | kFwdAlwaysPairs)) != 0;
+    static constexpr bool kAlwaysPairs = (kFlags_ & kFwdAlwaysPairs) != 0;
+    static constexpr bool kEarlyK = (kFlags_ & kFwdEarlyK) != 0;
+    static_assert(!kEarlyK || kSubN == kBlockN_, "kFwdEarlyK: one S sub-block");
     static_assert(kSubN % 16 == 0, "S sub-blocks of whole k16 steps");
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMinBlocksPerSm = (kWarps >= 8 ? 1 : 2) + ((kFlags_ & kFwdMoreCtas) ? 1 : 0);
@@ -81,18 +102,21 @@ struct Sm80FwdTiles {
 /* Keys per block for each head dim, and the flags that go with them: the
  * fastest of dev/sm80_fwd_bench.cu's variants on an H200 (16k tokens, hidden
  * 2048; benchmarks/NOTES.md "sm80 forward" has the table): 128 x 48 tiles with
- * lazy rescaling at D = 128, 128 x 96 at D = 64.  Unmeasured head dims keep
+ * lazy rescaling, causal pairs and the early K load at D = 128, 128 x 96 with
+ * lazy rescaling at D = 64 (pairs and the early K load measured no faster).  Unmeasured head dims keep
  * the 64 / 32 key blocks that fit 255 registers without spills. */
 constexpr int sm80_fwd_block_n(int d) {
     return d == 64 ? 96 : d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
 }
 constexpr int sm80_fwd_flags(int d) {
-    return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0);
+    return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0) | (d == 128 ? kFwdPairs | kFwdEarlyK : 0);
 }
 
-/* The configuration each head dim runs with: no spills at 255 registers. */
-template <int D> struct Sm80FwdConfig
-    : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), sm80_fwd_block_n(D), false, sm80_fwd_flags(D)> {};
+/* The configuration each head dim runs with: no spills at 255 registers.
+ * kExtraFlags: options on top of it, for dev/sm80_fwd_bench.cu. */
+template <int D, int kExtraFlags = 0> struct Sm80FwdConfig
+    : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), sm80_fwd_block_n(D), false,
+                   sm80_fwd_flags(D) | kExtraFlags> {};
 
 /* What every CTA needs besides fat_params, computed once on the host. */
 struct Sm80FwdArgs {
@@ -102,6 +126,8 @@ struct Sm80FwdArgs {
     float softcap_pre;             /* softmax_scale / softcap (softcap > 0) */
     float softcap_log2;            /* softcap * log2(e) */
     int num_m_blocks;
+    int jobs_per_head;             /* CTAs per (head, sequence) */
+    bool paired;                   /* kFwdPairs and keys growing with the block */
 };
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -193,32 +219,104 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], int row0, int
         }
 }
 
-/* The (query block, head, sequence) of this CTA.  blockIdx is read through
- * a volatile asm so that the call before the epilogue recomputes these
- * values instead of holding them in registers across the main loop. */
+/* S (+)= Q K^T over the keys [col0, col0 + kSubN) of the K tile for this
+ * warp's kMTiles m16 tiles. */
+template <typename T, class Cfg, int MT, int NT, class QFrag>
+__device__ __forceinline__ void qk_sub_block(float (&s)[MT][NT][4], const QFrag &q_frag, uint32_t q_smem,
+                                             uint32_t k_smem, int warp_row0, int col0, int lane) {
+    constexpr int SN = Cfg::kSubN;
+#pragma unroll
+    for (int kk = 0; kk < Cfg::D / 16; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (Cfg::kQInRegs) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][kk][r];
+            } else {
+                load_a<typename Cfg::QTile>(a[mt], q_smem, warp_row0 + mt * 16, kk * 16, lane);
+            }
+        }
+#pragma unroll
+        for (int nn = 0; nn < SN / 16; ++nn) {
+            uint32_t bf[4];
+            load_b_nk<typename Cfg::KVTile>(bf, k_smem, col0 + nn * 16, kk * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<T>(s[mt][2 * nn], a[mt], bf);
+                mma_16816<T>(s[mt][2 * nn + 1], a[mt], bf + 2);
+            }
+        }
+    }
+}
+
+/* O += P V over the keys [col0, col0 + kSubN) of the V tile (P: A fragments
+ * of the whole key block). */
+template <typename T, class Cfg, int MT, int NT_O, int KK>
+__device__ __forceinline__ void pv_sub_block(float (&o_acc)[MT][NT_O][4], const uint32_t (&pa)[MT][KK][4],
+                                             uint32_t v_smem, int col0, int lane) {
+#pragma unroll
+    for (int kk = col0 / 16; kk < (col0 + Cfg::kSubN) / 16; ++kk) {
+#pragma unroll
+        for (int dd = 0; dd < Cfg::D / 16; ++dd) {
+            uint32_t bf[4];
+            load_b_kn<typename Cfg::KVTile>(bf, v_smem, dd * 16, kk * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_16816<T>(o_acc[mt][2 * dd], pa[mt][kk], bf);
+                mma_16816<T>(o_acc[mt][2 * dd + 1], pa[mt][kk], bf + 2);
+            }
+        }
+    }
+}
+
+/* Wait for V_j (the last load in flight); once every warp is done with K_j
+ * (n0 = its first key), start loading K_{j+1} when there is one. */
+template <class Cfg, typename T>
+__device__ __forceinline__ void wait_v_load_next_k(uint32_t k_smem, const T *k, const fat_params &p, int sk,
+                                                   int n0, bool more, int tid) {
+    constexpr int BN = Cfg::kBlockN;
+    cp_async_wait<0>();
+    __syncthreads(); /* V_j landed; every warp is done with K_j */
+    if (more) {
+        load_tile_rows_async<typename Cfg::KVTile, Cfg::kThreads>(
+            k_smem, k + (int64_t)(n0 + BN) * p.k_row_stride, p.k_row_stride, sk - n0 - BN, p.d, tid);
+        cp_async_commit();
+    }
+}
+
+/* The (query block, head, sequence) of this CTA's part (0, or 1 for the
+ * second block of a pair; past the end when the pair's blocks coincide).
+ * blockIdx is read through a volatile asm so that the call before the
+ * epilogue recomputes these values instead of holding them in registers
+ * across the main loop. */
 struct FwdCta {
     int m0, h, b; /* first query row of the block, query head, sequence */
     SeqInfo seq;
 };
-template <int BM> __device__ __forceinline__ FwdCta fwd_cta(const Sm80FwdArgs &args) {
+template <class Cfg> __device__ __forceinline__ FwdCta fwd_cta(const Sm80FwdArgs &args, int part) {
     const fat_params &p = args.p;
+    const bool paired = Cfg::kPairs && args.paired;
+    const int jobs = Cfg::kPairs ? args.jobs_per_head : args.num_m_blocks;
     int bid;
     asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(bid));
-    const int m_idx = bid % args.num_m_blocks;
-    bid /= args.num_m_blocks;
+    const int job = bid % jobs;
+    bid /= jobs;
     FwdCta c;
     c.h = bid % p.hq;
     c.b = bid / p.hq;
     c.seq = seq_info(p.cu_seqlens_q, p.cu_seqlens_k, c.b, p.sq, p.sk);
-    c.m0 = (p.causal ? args.num_m_blocks - 1 - m_idx : m_idx) * BM;
+    const int mirror = args.num_m_blocks - 1 - job;
+    int m_idx = p.causal ? mirror : job;
+    if (paired) m_idx = part == 0 ? mirror : job < mirror ? job : args.num_m_blocks;
+    c.m0 = m_idx * Cfg::kBlockM;
     return c;
 }
 
-/* kMaySoftcap = false: the instantiation for args.softcap_pre == 0 only
- * (kFwdSplitSoftcap). */
-template <typename T, class Cfg, bool kMaySoftcap = true>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
-    sm80_fwd_kernel(const Sm80FwdArgs args) {
+/* One query block: part 0 of the CTA, or part 1 (the second of a pair).
+ * smem: the kernel's dynamic shared memory. */
+template <typename T, class Cfg, bool kMaySoftcap>
+__device__ __forceinline__ void fwd_query_block(const Sm80FwdArgs &args, uint8_t *smem, int part) {
     constexpr int D = Cfg::D;
     using QTile = typename Cfg::QTile;
     using KVTile = typename Cfg::KVTile;
@@ -228,12 +326,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     constexpr int NT_O = D / 8;  /* C tiles of O per m16 tile */
     const fat_params &p = args.p;
 
-    extern __shared__ __align__(1024) uint8_t smem[];
     const uint32_t q_smem = smem_u32(smem);
     const uint32_t k_smem = q_smem + QTile::kBytes;
     const uint32_t v_smem = k_smem + KVTile::kBytes;
 
-    const FwdCta cta = fwd_cta<BM>(args);
+    const FwdCta cta = fwd_cta<Cfg>(args, part);
     const int h = cta.h, b = cta.b, m0 = cta.m0;
     const SeqInfo seq = cta.seq;
     const bool varlen = p.cu_seqlens_q != nullptr;
@@ -315,29 +412,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
                 for (int nt = 0; nt < NT_S; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    if (Cfg::kQInRegs) {
-#pragma unroll
-                        for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][kk][r];
-                    } else {
-                        load_a<QTile>(a[mt], q_smem, warp_row0 + mt * 16, kk * 16, lane);
-                    }
-                }
-#pragma unroll
-                for (int nn = 0; nn < SN / 16; ++nn) {
-                    uint32_t bf[4];
-                    load_b_nk<KVTile>(bf, k_smem, sb * SN + nn * 16, kk * 16, lane);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma_16816<T>(s[mt][2 * nn], a[mt], bf);
-                        mma_16816<T>(s[mt][2 * nn + 1], a[mt], bf + 2);
-                    }
-                }
-            }
+            qk_sub_block<T, Cfg>(s, q_frag, q_smem, k_smem, warp_row0, sb * SN, lane);
+            if constexpr (Cfg::kEarlyK) wait_v_load_next_k<Cfg>(k_smem, k, p, seq.sk, n0, nb + 1 < nb_hi, tid);
 
             /* scores into the log2 domain (unless kept raw), masked at
              * boundaries (end of keys, causal diagonal, window edges) */
@@ -397,37 +473,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
                     c_pair_to_a<T>(pa[mt][sb * SN / 16 + kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
         }
 
-        cp_async_wait<0>();
-        __syncthreads(); /* V_j landed; every warp is done with K_j */
-        if (nb + 1 < nb_hi) {
-            load_tile_rows_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)(n0 + BN) * p.k_row_stride,
-                                                  p.k_row_stride, seq.sk - n0 - BN, p.d, tid);
-            cp_async_commit();
-        }
+        if constexpr (!Cfg::kEarlyK) wait_v_load_next_k<Cfg>(k_smem, k, p, seq.sk, n0, nb + 1 < nb_hi, tid);
 
         /* O = O * correction + P V, sub-block by sub-block */
 #pragma unroll
         for (int sb = 0; sb < NSUB; ++sb) {
             if (NSUB > 1 && (!Cfg::kLazyRescale || __any_sync(0xffffffffu, rescale[sb])))
                 scale_rows<MT, NT_O>(o_acc, correction[sb]);
-#pragma unroll
-            for (int kk = sb * SN / 16; kk < (sb + 1) * SN / 16; ++kk) {
-#pragma unroll
-                for (int dd = 0; dd < D / 16; ++dd) {
-                    uint32_t bf[4];
-                    load_b_kn<KVTile>(bf, v_smem, dd * 16, kk * 16, lane);
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        mma_16816<T>(o_acc[mt][2 * dd], pa[mt][kk], bf);
-                        mma_16816<T>(o_acc[mt][2 * dd + 1], pa[mt][kk], bf + 2);
-                    }
-                }
-            }
+            pv_sub_block<T, Cfg>(o_acc, pa, v_smem, sb * SN, lane);
         }
     }
 
     /* epilogue: normalise, lse, stage O in this warp's rows of the Q tile */
-    const FwdCta out = fwd_cta<BM>(args);
+    const FwdCta out = fwd_cta<Cfg>(args, part);
     float *lse = p.lse + (varlen ? (int64_t)out.h * p.lse_head_stride + out.seq.q_start
                                  : (int64_t)out.b * p.lse_batch_stride + (int64_t)out.h * p.lse_head_stride);
     __syncwarp();
@@ -469,6 +527,48 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
     }
 }
 
+/* kMaySoftcap = false: the instantiation for args.softcap_pre == 0 only
+ * (kFwdSplitSoftcap). */
+template <typename T, class Cfg, bool kMaySoftcap = true>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm)
+    sm80_fwd_kernel(const Sm80FwdArgs args) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    if constexpr (Cfg::kPairs) {
+        const int parts = args.paired ? 2 : 1;
+#pragma unroll 1
+        for (int part = 0; part < parts; ++part) {
+            if (part > 0) __syncthreads(); /* the first block's epilogue read its O from smem */
+            fwd_query_block<T, Cfg, kMaySoftcap>(args, smem, part);
+        }
+    } else {
+        fwd_query_block<T, Cfg, kMaySoftcap>(args, smem, 0);
+    }
+}
+
+/* Whether args' grid (keys growing with the query block) of `kernel` finishes
+ * sooner in pairs: a query block costs its key blocks (max seqlens) plus two
+ * for its prologue and epilogue; FAT_ERR_CUDA when the device cannot be
+ * queried. */
+template <class Cfg, class Kernel>
+fat_status fwd_pairs_sooner(const Sm80FwdArgs &args, Kernel kernel, bool *sooner) {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes) !=
+            cudaSuccess)
+        return FAT_ERR_CUDA;
+    const fat_params &p = args.p;
+    const int n = args.num_m_blocks;
+    const int64_t shift = (int64_t)p.sk - p.sq + args.window_right;
+    auto cost = [&](int job) { /* job j runs block n - 1 - j: the heaviest first */
+        const int64_t rows_end = std::min<int64_t>(p.sq, (int64_t)(n - job) * Cfg::kBlockM);
+        const int64_t keys = std::max<int64_t>(0, std::min<int64_t>(p.sk, rows_end + shift));
+        return 2.0 + (double)((keys + Cfg::kBlockN - 1) / Cfg::kBlockN);
+    };
+    *sooner = pairs_finish_sooner(cost, n, (int64_t)p.hq * p.b, sms * std::max(per_sm, 1));
+    return FAT_OK;
+}
+
 /* Launches the forward with tile configuration Cfg (Cfg::D >= d, d_v). */
 template <typename T, class Cfg> fat_status sm80_fwd_tiles(const fat_params &p, cudaStream_t stream) {
     Sm80FwdArgs args;
@@ -479,15 +579,20 @@ template <typename T, class Cfg> fat_status sm80_fwd_tiles(const fat_params &p, 
     args.softcap_pre = p.softcap > 0 ? (float)(p.softmax_scale / p.softcap) : 0.f;
     args.softcap_log2 = (float)(p.softcap * log2e);
     args.num_m_blocks = (p.sq + Cfg::kBlockM - 1) / Cfg::kBlockM;
-    const int64_t blocks = (int64_t)args.num_m_blocks * p.hq * p.b;
-    if (blocks > 0x7fffffff) return FAT_ERR_UNSUPPORTED;
-
     auto kernel = sm80_fwd_kernel<T, Cfg, true>;
     if constexpr (Cfg::kSplitSoftcap)
         if (args.softcap_pre == 0.f) kernel = sm80_fwd_kernel<T, Cfg, false>;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg::kSmemBytes) != cudaSuccess)
         return FAT_ERR_CUDA;
+    args.paired = Cfg::kPairs && args.window_right >= 0 && args.window_left < 0;
+    if (args.paired && !Cfg::kAlwaysPairs) {
+        const fat_status st = fwd_pairs_sooner<Cfg>(args, kernel, &args.paired);
+        if (st != FAT_OK) return st;
+    }
+    args.jobs_per_head = args.paired ? (args.num_m_blocks + 1) / 2 : args.num_m_blocks;
+    const int64_t blocks = (int64_t)args.jobs_per_head * p.hq * p.b;
+    if (blocks > 0x7fffffff) return FAT_ERR_UNSUPPORTED;
     kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
     return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;
 }

@@ -10,7 +10,9 @@
  *    so 8 rows read at one 16-byte column by ldmatrix hit 8 distinct bank
  *    groups and a 16-byte chunk never straddles;
  *  - ldmatrix loaders producing m16n8k16 A and B fragments from such tiles;
- *  - mma.sync m16n8k16 with fp32 accumulation, fp16 or bf16 inputs.
+ *  - mma.sync m16n8k16 with fp32 accumulation, fp16 or bf16 inputs;
+ *  - (host) pairs_finish_sooner: whether a causal grid runs its blocks one
+ *    per CTA or in mirrored pairs.
  *
  * Fragment layouts (lane = 4 * g + t):
  *   A 16x16 (row major): a[0] = (g, 2t..2t+1), a[1] = (g+8, 2t..),
@@ -285,6 +287,66 @@ __device__ __forceinline__ SeqInfo seq_info(const int32_t *cu_q, const int32_t *
         s.sk = sk;
     }
     return s;
+}
+
+/* ---- causal block order (host) ------------------------------------------ */
+
+/* Where the work of a head's block shrinks with its index j = 0..n-1
+ * (causal), a kernel runs the blocks one per CTA, heaviest first, or in
+ * pairs: CTA j runs blocks j and n-1-j, so every CTA has about the same work
+ * and there are half as many.  Pairs even out the end of a grid several waves
+ * long (in block order the heaviest blocks of the last heads start last and
+ * run alone); single blocks fill a device that half as many CTAs would leave
+ * partly idle.  pairs_finish_sooner compares the modelled run times of the
+ * two grids, both launched head by head, on `slots` CTA slots (SMs x CTAs
+ * per SM): the pairs' exactly (equal jobs fill whole waves), the single
+ * blocks' by a fluid estimate of list scheduling (each CTA starts when a slot
+ * frees up): CTA i starts at (work launched before it - kInflightShare x the
+ * work of the `slots` CTAs before it) / slots.  Over causal grids of 1-1024
+ * heads x 2-256 blocks on 132 and 264 slots this choice runs within 3 % of
+ * the better order by exact list scheduling (benchmarks/NOTES.md "causal
+ * pairs").  cost(j): the time of block j; copies: heads x sequences.  O(n). */
+constexpr double kInflightShare = 0.7;
+
+template <class Cost> struct CostPrefix { /* sum of the costs of CTAs 0..m-1 */
+    const Cost &cost;
+    int n;
+    int64_t m;
+    double sum;
+    CostPrefix(const Cost &c, int n_, double head, int64_t m_) : cost(c), n(n_), m(m_), sum(0) {
+        if (m <= 0) return;
+        sum = (double)(m / n) * head;
+        for (int j = 0; j < m % n; ++j) sum += cost(j);
+    }
+    void advance() {
+        if (m >= 0) sum += cost((int)(m % n));
+        ++m;
+    }
+};
+
+template <class Cost> inline bool pairs_finish_sooner(const Cost &cost, int n, int64_t copies, int slots) {
+    if (n < 2 || copies < 1 || slots < 1) return false;
+    double head = 0, pair_max = 0;
+    for (int j = 0; j < n; ++j) head += cost(j);
+    for (int j = 0; j < (n + 1) / 2; ++j) {
+        const double pair = cost(j) + (n - 1 - j > j ? cost(n - 1 - j) : 0.0);
+        pair_max = pair > pair_max ? pair : pair_max;
+    }
+    const int64_t pair_ctas = (int64_t)((n + 1) / 2) * copies;
+    const double paired = (double)((pair_ctas + slots - 1) / slots) * pair_max;
+    /* single blocks: the last CTAs to end are among the last two heads' */
+    const int64_t first = (copies > 1 ? copies - 2 : 0) * n;
+    CostPrefix<Cost> launched(cost, n, head, first), inflight_start(cost, n, head, first - slots);
+    double single = 0;
+    for (int64_t i = first; i < copies * n; ++i) {
+        double start = 0;
+        if (i >= slots) start = (launched.sum - kInflightShare * (launched.sum - inflight_start.sum)) / slots;
+        const double end = start + cost((int)(i % n));
+        single = end > single ? end : single;
+        launched.advance();
+        inflight_start.advance();
+    }
+    return paired < single;
 }
 
 } /* namespace fat */

@@ -318,10 +318,11 @@ static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run
         emu::buffers.push_back({(const char *)lse2.data(), lse2.size() * 4});
         emu::buffers.push_back({(const char *)cuq32.data(), cuq32.size() * 4});
         emu::buffers.push_back({(const char *)cuk32.data(), cuk32.size() * 4});
-        printf("[%s] D=%d %s  forward tiles w%d mt%d n%d qreg %d exp2 %d lazy %d split %d subn %d ctas %d\n",
+        printf("[%s] D=%d %s  forward tiles w%d mt%d n%d qreg %d exp2 %d lazy %d split %d subn %d ctas %d pairs %s\n",
                pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16", FwdCfg::kWarps, FwdCfg::kMTiles,
                FwdCfg::kBlockN, FwdCfg::kQInRegs, FwdCfg::kExp2Fma, FwdCfg::kLazyRescale,
-               FwdCfg::kSplitSoftcap, FwdCfg::kSubN, FwdCfg::kMinBlocksPerSm);
+               FwdCfg::kSplitSoftcap, FwdCfg::kSubN, FwdCfg::kMinBlocksPerSm,
+               FwdCfg::kAlwaysPairs ? "always" : FwdCfg::kPairs ? "modelled" : "no");
         const fat_status st = fat::sm80_fwd_tiles<T, FwdCfg>(pf, nullptr);
         if (st != FAT_OK) {
             printf("    launcher returned %d  FAIL\n", (int)st);
@@ -339,12 +340,12 @@ static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run
     emu::buffers.push_back({(const char *)cuk32.data(), cuk32.size() * 4});
 
     /* the launcher's sequence (fat::sm80_bwd without the CUDA runtime) */
-    const fat::bwd80::BwdArgs args = fat::bwd80::make_args(p, D);
+    const fat::bwd80::BwdArgs args = fat::bwd80::tile_args<Cfg>(p);
     const unsigned row_blocks = (unsigned)fat::bwd80::row_kernel_ctas<D>(args);
     constexpr int row_threads = fat::bwd80::kRowThreads;
     emu::shared_base = fat::bwd80::dkdv_smem;
     emu::run_grid(row_blocks, row_threads, 0, [&] { fat::bwd80::bwd_prep_kernel<T, D>(args); });
-    const unsigned kv_blocks = (unsigned)((p.sk + Cfg::kBlockN - 1) / Cfg::kBlockN * p.hkv * p.b);
+    const unsigned kv_blocks = (unsigned)fat::bwd80::dkdv_ctas<Cfg>(args);
     emu::run_grid(kv_blocks, Cfg::kThreads, fat::bwd80::DkdvSmem<Cfg>::kBytes, [&] { fat::bwd80::dkdv_kernel<T, Cfg>(args); });
     if (p.deterministic) {
         emu::shared_base = fat::bwd80::dq_smem;
@@ -354,8 +355,9 @@ static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run
         emu::run_grid(row_blocks, row_threads, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
     }
 
-    printf("[%s] D=%d %s  tiles w%d k%d s%d m%d st%d\n", pr.name.c_str(), D, pr.bf16 ? "bf16" : "fp16",
-           Cfg::kWarps, Cfg::kKeyTiles, Cfg::kSplitD, Cfg::kBlockM, Cfg::kStages);
+    printf("[%s] D=%d %s  tiles w%d k%d s%d m%d st%d pairs %d (%u key-block CTAs)\n", pr.name.c_str(), D,
+           pr.bf16 ? "bf16" : "fp16", Cfg::kWarps, Cfg::kKeyTiles, Cfg::kSplitD, Cfg::kBlockM, Cfg::kStages,
+           (int)args.paired, kv_blocks);
     check("dq", dq, rdq, pr.hq, pr.d, false);
     check("dk", dk, rdk, pr.hkv, pr.d, true);
     check("dv", dvt, rdv, pr.hkv, pr.dv, true);
@@ -390,6 +392,11 @@ static bool run_fwd_variant(int D, int v, const Problem &pr, uint64_t seed) {
     if (D == 64 && v == 0) return run_fwd<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale>>(pr, seed);
     if (D == 64 && v == 1)
         return run_fwd<Sm80FwdTiles<64, 8, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>(pr, seed);
+    if (D == 128 && v == 5) return run_fwd<Sm80FwdConfig<128, kFwdAlwaysPairs>>(pr, seed);
+    if (D == 64 && v == 2) return run_fwd<Sm80FwdConfig<64, kFwdAlwaysPairs>>(pr, seed);
+    if (D == 128 && v == 6) /* the default before kFwdEarlyK */
+        return run_fwd<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>(pr, seed);
+    if (D == 64 && v == 3) return run_fwd<Sm80FwdConfig<64, kFwdEarlyK>>(pr, seed);
     return false;
 }
 
@@ -403,6 +410,8 @@ static bool run_variant(int D, int v, const Problem &pr, uint64_t seed) {
     if (D == 64 && v == 0) return run_both<BwdTiles<64, 8, 2, 2, 128, 1>>(pr, seed);
     if (D == 64 && v == 1) return run_both<BwdTiles<64, 8, 1, 1, 128, 2>>(pr, seed);
     if (D == 64 && v == 2) return run_both<BwdTiles<64, 8, 1, 1, 64, 2>>(pr, seed);
+    if (D == 128 && v == 4) return run_both<fat::bwd80::BwdConfig<128, true>>(pr, seed);
+    if (D == 64 && v == 3) return run_both<fat::bwd80::BwdConfig<64, true>>(pr, seed);
     return false;
 }
 
@@ -477,6 +486,24 @@ int main(int argc, char **argv) {
         {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 2},
         {64, {"var dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 3},
         {64, {"var varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 3},
+        /* pairs forward (Sm80FwdConfig<D, kFwdAlwaysPairs>) and backward (BwdConfig<D, true>) */
+        {128, {"pairs dense causal gqa odd blocks", false, 1, 300, 330, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 6},
+        {128, {"pairs dense causal gqa odd blocks", false, 1, 300, 330, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 5},
+        {128, {"pairs dense sq>sk causal", true, 2, 400, 150, 2, 1, 128, 128, 1, -1, -1, 0, 0, {}, {}}, 0, 6},
+        {128, {"pairs dense sq>sk causal", true, 2, 400, 150, 2, 1, 128, 128, 1, -1, -1, 0, 0, {}, {}}, 5},
+        {128, {"pairs varlen causal empty seqs det", false, 4, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 1, {0, 300, 70, 9}, {12, 0, 390, 260}}, 0, 6},
+        {128, {"pairs varlen causal empty seqs det", false, 4, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 1, {0, 300, 70, 9}, {12, 0, 390, 260}}, 5},
+        {64, {"pairs dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 0, 3},
+        {64, {"pairs dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 4},
+        {64, {"pairs dense right window only gqa det", false, 2, 300, 270, 4, 2, 64, 56, 0, -1, 12, 0, 1, {}, {}}, 0, 3},
+        {64, {"pairs dense right window only gqa det", false, 2, 300, 270, 4, 2, 64, 56, 0, -1, 12, 0, 1, {}, {}}, 4},
+        {64, {"pairs varlen causal fp16", false, 3, 0, 0, 2, 1, 64, 64, 1, -1, -1, 0, 0, {390, 1, 129}, {390, 64, 300}}, 0, 3},
+        {64, {"pairs varlen causal fp16", false, 3, 0, 0, 2, 1, 64, 64, 1, -1, -1, 0, 0, {390, 1, 129}, {390, 64, 300}}, 4},
+        /* K_{j+1} loaded after the softmax (D = 128 without kFwdEarlyK) or right after S (D = 64 with it) */
+        {128, {"latek dense sq>sk causal", true, 2, 400, 150, 2, 1, 128, 128, 1, -1, -1, 0, 0, {}, {}}, 0, 7},
+        {128, {"latek varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 7},
+        {64, {"earlyk dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 0, 4},
+        {64, {"earlyk varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 4},
     };
     int failures = 0, n = 0;
     for (size_t i = 0; i < cases.size(); ++i) {

@@ -66,6 +66,9 @@ s = s.replace(old, 'emu::read_shared_f2(lse_log2 + col)')
 old = '*reinterpret_cast<const float2 *>(dot + col)'
 assert old in s
 s = s.replace(old, 'emu::read_shared_f2(dot + col)')
+old = 'asm volatile("mov.u32 %0, %%ctaid.x;\\n" : "=r"(bid));'
+assert s.count(old) == 1
+s = s.replace(old, 'bid = blockIdx.x;')
 a = s.index('/* ---- launcher')
 s = s[:a] + '} /* namespace bwd80 */\n} /* namespace fat */\n'
 open(OUT + 'fat_sm80_bwd.cuh', 'w').write(s)
