@@ -100,16 +100,18 @@ struct Sm80FwdTiles {
 };
 
 /* Keys per block for each head dim, and the flags that go with them: the
- * fastest of dev/sm80_fwd_bench.cu's variants on an H200 (16k tokens, hidden
- * 2048; benchmarks/NOTES.md "sm80 forward" has the table): 128 x 48 tiles with
- * lazy rescaling, causal pairs and the early K load at D = 128, 128 x 96 with
- * lazy rescaling at D = 64 (pairs and the early K load measured no faster).  Unmeasured head dims keep
- * the 64 / 32 key blocks that fit 255 registers without spills. */
+ * fastest of dev/sm80_fwd_bench.cu's variants (16k tokens, hidden 2048;
+ * benchmarks/NOTES.md "sm80 forward", "Causal pairs", "Early K load"):
+ * 128 x 48 tiles with lazy rescaling, causal pairs and the early K load at
+ * D = 128; 128 x 96 with lazy rescaling at D = 64 (pairs and the early K
+ * load measured no faster there).  Unmeasured head dims keep the 64 / 32
+ * key blocks that fit 255 registers without spills. */
 constexpr int sm80_fwd_block_n(int d) {
     return d == 64 ? 96 : d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
 }
 constexpr int sm80_fwd_flags(int d) {
-    return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0) | (d == 128 ? kFwdPairs | kFwdEarlyK : 0);
+    return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0) |
+           (d == 128 ? kFwdPairs | kFwdEarlyK : 0);
 }
 
 /* The configuration each head dim runs with: no spills at 255 registers.
@@ -413,7 +415,8 @@ __device__ __forceinline__ void fwd_query_block(const Sm80FwdArgs &args, uint8_t
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
             qk_sub_block<T, Cfg>(s, q_frag, q_smem, k_smem, warp_row0, sb * SN, lane);
-            if constexpr (Cfg::kEarlyK) wait_v_load_next_k<Cfg>(k_smem, k, p, seq.sk, n0, nb + 1 < nb_hi, tid);
+            if constexpr (Cfg::kEarlyK)
+                wait_v_load_next_k<Cfg>(k_smem, k, p, seq.sk, n0, nb + 1 < nb_hi, tid);
 
             /* scores into the log2 domain (unless kept raw), masked at
              * boundaries (end of keys, causal diagonal, window edges) */
