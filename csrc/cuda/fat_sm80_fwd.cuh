@@ -19,7 +19,8 @@
  *   online softmax in the log2 domain; wait V_j; start loading K_{j+1};
  *   O += P V_j with P taken straight from the S registers (kFwdEarlyK, the
  *   D = 128 default: wait V_j and start K_{j+1} right after S; kFwdHalfS: S,
- *   softmax and P V in two halves of the key block).
+ *   softmax and P V in two halves of the key block; kFwdKvRing: two K/V
+ *   buffer pairs, K_{j+1} and V_{j+1} started at the top of block j).
  * Epilogue: O / rowsum staged through each warp's own rows of the Q tile and
  * stored in 16-byte chunks; lse = (reference max in log2 units + log2 sum)
  * * ln 2; a row with no visible key gets o = 0, lse = -inf.
@@ -68,6 +69,11 @@ enum Sm80FwdFlags {
      * after S = Q K_j^T instead of after the softmax: K_{j+1} lands under the
      * softmax and P V_j, V_j under S alone */
     kFwdEarlyK = 128,
+    /* two K/V buffer pairs: at the top of block j (one barrier) start
+     * loading K_{j+1} and V_{j+1} into the other pair, so that every load
+     * has a whole block's S, softmax and P V to land under (twice the K/V
+     * shared memory; not with kFwdEarlyK) */
+    kFwdKvRing = 256,
 };
 
 /* One tile configuration: kWarps warps of kMTiles m16 tiles each split the
@@ -90,13 +96,15 @@ struct Sm80FwdTiles {
     static constexpr bool kPairs = (kFlags_ & (kFwdPairs | kFwdAlwaysPairs)) != 0;
     static constexpr bool kAlwaysPairs = (kFlags_ & kFwdAlwaysPairs) != 0;
     static constexpr bool kEarlyK = (kFlags_ & kFwdEarlyK) != 0;
+    static constexpr bool kKvRing = (kFlags_ & kFwdKvRing) != 0;
     static_assert(!kEarlyK || kSubN == kBlockN_, "kFwdEarlyK: one S sub-block");
+    static_assert(!(kEarlyK && kKvRing), "kFwdEarlyK and kFwdKvRing: two load schedules");
     static_assert(kSubN % 16 == 0, "S sub-blocks of whole k16 steps");
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMinBlocksPerSm = (kWarps >= 8 ? 1 : 2) + ((kFlags_ & kFwdMoreCtas) ? 1 : 0);
     using QTile = PaddedTile<kBlockM, D>;
     using KVTile = PaddedTile<kBlockN, D>;
-    static constexpr int kSmemBytes = QTile::kBytes + 2 * KVTile::kBytes;
+    static constexpr int kSmemBytes = QTile::kBytes + (kKvRing ? 4 : 2) * KVTile::kBytes;
 };
 
 /* Keys per block for each head dim, and the flags that go with them: the
@@ -329,8 +337,7 @@ __device__ __forceinline__ void fwd_query_block(const Sm80FwdArgs &args, uint8_t
     const fat_params &p = args.p;
 
     const uint32_t q_smem = smem_u32(smem);
-    const uint32_t k_smem = q_smem + QTile::kBytes;
-    const uint32_t v_smem = k_smem + KVTile::kBytes;
+    const uint32_t kv_smem = q_smem + QTile::kBytes; /* [K, V], twice with kKvRing */
 
     const FwdCta cta = fwd_cta<Cfg>(args, part);
     const int h = cta.h, b = cta.b, m0 = cta.m0;
@@ -375,18 +382,39 @@ __device__ __forceinline__ void fwd_query_block(const Sm80FwdArgs &args, uint8_t
 
     if (nb_lo < nb_hi) {
         load_tile_rows_async<QTile, Cfg::kThreads>(q_smem, q, p.q_row_stride, m_rows, p.d, tid);
-        load_tile_rows_async<KVTile, Cfg::kThreads>(k_smem, k + (int64_t)nb_lo * BN * p.k_row_stride,
+        load_tile_rows_async<KVTile, Cfg::kThreads>(kv_smem, k + (int64_t)nb_lo * BN * p.k_row_stride,
                                               p.k_row_stride, seq.sk - nb_lo * BN, p.d, tid);
+        if constexpr (Cfg::kKvRing)
+            load_tile_rows_async<KVTile, Cfg::kThreads>(
+                kv_smem + KVTile::kBytes, v + (int64_t)nb_lo * BN * p.v_row_stride, p.v_row_stride,
+                seq.sk - nb_lo * BN, p.d_v, tid);
         cp_async_commit();
     }
 
     for (int nb = nb_lo; nb < nb_hi; ++nb) {
         const int n0 = nb * BN;
+        const int pair = Cfg::kKvRing ? (nb - nb_lo) & 1 : 0;
+        const uint32_t k_smem = kv_smem + pair * 2 * KVTile::kBytes;
+        const uint32_t v_smem = k_smem + KVTile::kBytes;
         cp_async_wait<0>();
-        __syncthreads(); /* K_j landed; every warp is done with V_{j-1} */
-        load_tile_rows_async<KVTile, Cfg::kThreads>(v_smem, v + (int64_t)n0 * p.v_row_stride,
-                                              p.v_row_stride, seq.sk - n0, p.d_v, tid);
-        cp_async_commit();
+        if constexpr (Cfg::kKvRing) {
+            __syncthreads(); /* K_j, V_j landed; every warp is done with the other pair */
+            if (nb + 1 < nb_hi) {
+                const uint32_t k_next = kv_smem + (pair ^ 1) * 2 * KVTile::kBytes;
+                load_tile_rows_async<KVTile, Cfg::kThreads>(
+                    k_next, k + (int64_t)(n0 + BN) * p.k_row_stride, p.k_row_stride, seq.sk - n0 - BN,
+                    p.d, tid);
+                load_tile_rows_async<KVTile, Cfg::kThreads>(
+                    k_next + KVTile::kBytes, v + (int64_t)(n0 + BN) * p.v_row_stride, p.v_row_stride,
+                    seq.sk - n0 - BN, p.d_v, tid);
+                cp_async_commit();
+            }
+        } else {
+            __syncthreads(); /* K_j landed; every warp is done with V_{j-1} */
+            load_tile_rows_async<KVTile, Cfg::kThreads>(v_smem, v + (int64_t)n0 * p.v_row_stride,
+                                                  p.v_row_stride, seq.sk - n0, p.d_v, tid);
+            cp_async_commit();
+        }
 
         if (Cfg::kQInRegs && nb == nb_lo) {
 #pragma unroll
@@ -476,7 +504,7 @@ __device__ __forceinline__ void fwd_query_block(const Sm80FwdArgs &args, uint8_t
                     c_pair_to_a<T>(pa[mt][sb * SN / 16 + kk], s[mt][2 * kk], s[mt][2 * kk + 1]);
         }
 
-        if constexpr (!Cfg::kEarlyK) wait_v_load_next_k<Cfg>(k_smem, k, p, seq.sk, n0, nb + 1 < nb_hi, tid);
+        if constexpr (!Cfg::kEarlyK && !Cfg::kKvRing) wait_v_load_next_k<Cfg>(k_smem, k, p, seq.sk, n0, nb + 1 < nb_hi, tid);
 
         /* O = O * correction + P V, sub-block by sub-block */
 #pragma unroll

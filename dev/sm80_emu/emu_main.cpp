@@ -397,6 +397,9 @@ static bool run_fwd_variant(int D, int v, const Problem &pr, uint64_t seed) {
     if (D == 128 && v == 6) /* the default before kFwdEarlyK */
         return run_fwd<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>(pr, seed);
     if (D == 64 && v == 3) return run_fwd<Sm80FwdConfig<64, kFwdEarlyK>>(pr, seed);
+    if (D == 128 && v == 7) /* two K/V buffer pairs */
+        return run_fwd<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdKvRing>>(pr, seed);
+    if (D == 64 && v == 4) return run_fwd<Sm80FwdConfig<64, kFwdKvRing>>(pr, seed);
     return false;
 }
 
@@ -504,6 +507,13 @@ int main(int argc, char **argv) {
         {128, {"latek varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 7},
         {64, {"earlyk dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 0, 4},
         {64, {"earlyk varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 4},
+        /* K_{j+1} and V_{j+1} loaded into a second buffer pair at the top of block j (kFwdKvRing) */
+        {128, {"ring pairs dense causal gqa odd blocks", false, 1, 300, 330, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 8},
+        {128, {"ring varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 8},
+        {128, {"ring varlen causal empty seqs", false, 4, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 1, {0, 300, 70, 9}, {12, 0, 390, 260}}, 0, 8},
+        {64, {"ring dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 0, 5},
+        {64, {"ring varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 5},
+        {64, {"ring dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 0, 5},
     };
     int failures = 0, n = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
