@@ -38,13 +38,32 @@ fat_params params_of(const Problem &pr, int causal) {
 }
 
 
+template <class Cfg> fat_status launch(const fat_params &p, cudaStream_t stream) {
+    return fat::sm80_fwd_tiles<bf16, Cfg>(p, stream);
+}
+
 template <class Cfg> Variant variant(const char *name) {
-    return {name, Cfg::D, fat::sm80_fwd_tiles<bf16, Cfg>};
+    return {name, Cfg::D, launch<Cfg>};
 }
 
 
-/* usage: sm80_fwd_bench [head_dim seqlen [name]]  (default: the whole grid; 0: every
- * head dim / seqlen of it; name: only the variants whose name contains it) */
+/* Whether name contains one of the comma-separated substrings of filter
+ * (no filter: every name). */
+static bool name_matches(const char *name, const char *filter) {
+    if (!filter) return true;
+    for (const char *part = filter;; ++part) {
+        const char *end = strchr(part, ',');
+        const size_t len = end ? (size_t)(end - part) : strlen(part);
+        for (const char *at = name; len && strlen(at) >= len; ++at)
+            if (!strncmp(at, part, len)) return true;
+        if (!end) return false;
+        part = end;
+    }
+}
+
+/* usage: sm80_fwd_bench [head_dim seqlen [names]]  (default: the whole grid; 0: every
+ * head dim / seqlen of it; names: only the variants whose name contains one of
+ * these comma-separated substrings) */
 int main(int argc, char **argv) {
     const int only_d = argc > 2 ? atoi(argv[1]) : 0, only_s = argc > 2 ? atoi(argv[2]) : 0;
     const char *only_name = argc > 3 ? argv[3] : nullptr; /* substring of the variant names */
@@ -52,9 +71,9 @@ int main(int argc, char **argv) {
     const Variant variants[] = {
         variant<Sm80FwdConfig<128>>("d128 default"),
         variant<Sm80FwdConfig<128, kFwdAlwaysPairs>>("d128 default pairs"),
-        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdEarlyK>>("d128 default single"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d128 default single"),
         variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>("d128 default latek"),
-        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdKvRing>>("d128 default ring"),
+        variant<Sm80FwdCompact<128>::type>("d128 default compact"),
         variant<Sm80FwdTiles<128, 4, 2, 32>>("d128 w4 mt2 n32"),
         variant<Sm80FwdTiles<128, 4, 2, 64>>("d128 w4 mt2 n64"),
         variant<Sm80FwdTiles<128, 8, 1, 64>>("d128 w8 mt1 n64"),
@@ -74,6 +93,12 @@ int main(int argc, char **argv) {
         variant<Sm80FwdConfig<64, kFwdAlwaysPairs>>("d64 default pairs"),
         variant<Sm80FwdConfig<64, kFwdEarlyK>>("d64 default earlyk"),
         variant<Sm80FwdConfig<64, kFwdKvRing>>("d64 default ring"),
+        variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d64 w4 mt2 n128 lazy halfs"),
+        variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS | kFwdKvRing>>("d64 w4 mt2 n128 lazy halfs ring"),
+        variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d64 w4 mt2 n64 lazy ring"),
+        variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d64 w4 mt2 n96 lazy halfs"),
+        variant<Sm80FwdTiles<64, 8, 1, 128, false, kFwdExp2Fma | kFwdLazyRescale>>("d64 w8 mt1 n128 lazy"),
+        variant<Sm80FwdTiles<64, 8, 1, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d64 w8 mt1 n128 lazy ring"),
         variant<Sm80FwdTiles<64, 4, 2, 64>>("d64 w4 mt2 n64"),
         variant<Sm80FwdTiles<64, 4, 2, 128>>("d64 w4 mt2 n128"),
         variant<Sm80FwdTiles<64, 8, 1, 64, true>>("d64 w8 mt1 n64 qreg"),
@@ -103,7 +128,7 @@ int main(int argc, char **argv) {
             for (int causal = 0; causal < 2; ++causal) {
                 bool have_first = false;
                 for (const Variant &v : variants) {
-                    if (v.d != d || (only_name && !strstr(v.name, only_name))) continue;
+                    if (v.d != d || !name_matches(v.name, only_name)) continue;
                     const fat_params p = params_of(pr, causal);
                     if (v.fn(p, 0) != FAT_OK) { printf("%s: launch failed\n", v.name); continue; }
                     cudaDeviceSynchronize();

@@ -9,6 +9,7 @@
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
 #   SM80_BENCH_FILTER="default"  only the bench variants whose name contains it
+#                           (forward bench: any of its comma-separated parts)
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   NCU_SM90="64x2048 128x8192x0x1"  ncu of the sm90a forward at these shapes: head dim x

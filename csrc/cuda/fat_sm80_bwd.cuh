@@ -1392,27 +1392,6 @@ __global__ void __launch_bounds__(Cfg::kQThreads, 1) dq_kernel(const BwdArgs arg
 
 /* ---- launcher ---------------------------------------------------------------- */
 
-inline int smem_optin_limit() {
-    int dev = 0, limit = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-            cudaSuccess)
-        return -1;
-    return limit;
-}
-
-/* Lets kernel use bytes of dynamic shared memory: unsupported when the
- * device has fewer. */
-template <class Kernel> fat_status allow_smem(Kernel kernel, int bytes) {
-    const int limit = smem_optin_limit();
-    if (limit < 0) return FAT_ERR_CUDA;
-    if (bytes > limit) return FAT_ERR_UNSUPPORTED;
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
-                   cudaSuccess
-               ? FAT_OK
-               : FAT_ERR_CUDA;
-}
-
 inline fat_status launch_status() {
     return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;
 }

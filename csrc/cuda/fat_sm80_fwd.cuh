@@ -30,6 +30,7 @@
 #include <math.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "fat_cuda_internal.h"
 #include "fat_sm80_primitives.cuh"
@@ -109,17 +110,18 @@ struct Sm80FwdTiles {
 
 /* Keys per block for each head dim, and the flags that go with them: the
  * fastest of dev/sm80_fwd_bench.cu's variants (16k tokens, hidden 2048;
- * benchmarks/NOTES.md "sm80 forward", "Causal pairs", "Early K load"):
- * 128 x 48 tiles with lazy rescaling, causal pairs and the early K load at
- * D = 128; 128 x 96 with lazy rescaling at D = 64 (pairs and the early K
- * load measured no faster there).  Unmeasured head dims keep the 64 / 32
- * key blocks that fit 255 registers without spills. */
+ * benchmarks/NOTES.md "sm80 forward", "Causal pairs", "Early K load", "Two
+ * K/V buffer pairs"): 128 x 48 tiles with lazy rescaling, causal pairs and
+ * two K/V buffer pairs at D = 128; 128 x 96 with lazy rescaling at D = 64
+ * (pairs, the early K load and the buffer pairs measured no faster there).
+ * Unmeasured head dims keep the 64 / 32 key blocks that fit 255 registers
+ * without spills. */
 constexpr int sm80_fwd_block_n(int d) {
     return d == 64 ? 96 : d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
 }
 constexpr int sm80_fwd_flags(int d) {
     return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0) |
-           (d == 128 ? kFwdPairs | kFwdEarlyK : 0);
+           (d == 128 ? kFwdPairs | kFwdKvRing : 0);
 }
 
 /* The configuration each head dim runs with: no spills at 255 registers.
@@ -127,6 +129,15 @@ constexpr int sm80_fwd_flags(int d) {
 template <int D, int kExtraFlags = 0> struct Sm80FwdConfig
     : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), sm80_fwd_block_n(D), false,
                    sm80_fwd_flags(D) | kExtraFlags> {};
+
+/* Where fewer than kMinBlocksPerSm CTAs of Sm80FwdConfig<D> fit on an SM
+ * (D = 128: 85 KB of shared memory a CTA, two need 172 KB with the
+ * per-CTA reserve, an A100 has 164 KB), the forward runs with
+ * Sm80FwdCompact<D>::type: one K/V buffer pair and the early K load (60 KB). */
+template <int D> struct Sm80FwdCompact { using type = Sm80FwdConfig<D>; };
+template <> struct Sm80FwdCompact<128> {
+    using type = Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdEarlyK>;
+};
 
 /* What every CTA needs besides fat_params, computed once on the host. */
 struct Sm80FwdArgs {
@@ -600,8 +611,11 @@ fat_status fwd_pairs_sooner(const Sm80FwdArgs &args, Kernel kernel, bool *sooner
     return FAT_OK;
 }
 
-/* Launches the forward with tile configuration Cfg (Cfg::D >= d, d_v). */
-template <typename T, class Cfg> fat_status sm80_fwd_tiles(const fat_params &p, cudaStream_t stream) {
+/* Launches the forward with tile configuration Cfg (Cfg::D >= d, d_v);
+ * unsupported, with nothing launched, when the device has too little shared
+ * memory for one CTA, or (compact_fallback) for kMinBlocksPerSm on an SM. */
+template <typename T, class Cfg>
+fat_status sm80_fwd_tiles(const fat_params &p, cudaStream_t stream, bool compact_fallback = false) {
     Sm80FwdArgs args;
     args.p = p;
     fat_effective_window(&p, &args.window_left, &args.window_right);
@@ -613,12 +627,18 @@ template <typename T, class Cfg> fat_status sm80_fwd_tiles(const fat_params &p, 
     auto kernel = sm80_fwd_kernel<T, Cfg, true>;
     if constexpr (Cfg::kSplitSoftcap)
         if (args.softcap_pre == 0.f) kernel = sm80_fwd_kernel<T, Cfg, false>;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::kSmemBytes) != cudaSuccess)
-        return FAT_ERR_CUDA;
+    fat_status st = allow_smem(kernel, Cfg::kSmemBytes);
+    if (st != FAT_OK) return st;
+    if (compact_fallback) {
+        int per_sm = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads,
+                                                          Cfg::kSmemBytes) != cudaSuccess)
+            return FAT_ERR_CUDA;
+        if (per_sm < Cfg::kMinBlocksPerSm) return FAT_ERR_UNSUPPORTED;
+    }
     args.paired = Cfg::kPairs && args.window_right >= 0 && args.window_left < 0;
     if (args.paired && !Cfg::kAlwaysPairs) {
-        const fat_status st = fwd_pairs_sooner<Cfg>(args, kernel, &args.paired);
+        st = fwd_pairs_sooner<Cfg>(args, kernel, &args.paired);
         if (st != FAT_OK) return st;
     }
     args.jobs_per_head = args.paired ? (args.num_m_blocks + 1) / 2 : args.num_m_blocks;
@@ -628,8 +648,16 @@ template <typename T, class Cfg> fat_status sm80_fwd_tiles(const fat_params &p, 
     return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;
 }
 
+/* Sm80FwdConfig<D>, or Sm80FwdCompact<D> where the former's CTAs do not fit. */
 template <typename T, int D> fat_status sm80_fwd(const fat_params &p, cudaStream_t stream) {
-    return sm80_fwd_tiles<T, Sm80FwdConfig<D>>(p, stream);
+    using Fast = Sm80FwdConfig<D>;
+    using Compact = typename Sm80FwdCompact<D>::type;
+    if constexpr (std::is_same<Fast, Compact>::value) {
+        return sm80_fwd_tiles<T, Fast>(p, stream);
+    } else {
+        const fat_status st = sm80_fwd_tiles<T, Fast>(p, stream, true);
+        return st == FAT_ERR_UNSUPPORTED ? sm80_fwd_tiles<T, Compact>(p, stream) : st;
+    }
 }
 
 } /* namespace fat */

@@ -11,6 +11,8 @@
  *    groups and a 16-byte chunk never straddles;
  *  - ldmatrix loaders producing m16n8k16 A and B fragments from such tiles;
  *  - mma.sync m16n8k16 with fp32 accumulation, fp16 or bf16 inputs;
+ *  - (host) allow_smem: a kernel's dynamic shared memory where the device
+ *    has it;
  *  - (host) pairs_finish_sooner: whether a causal grid runs its blocks one
  *    per CTA or in mirrored pairs.
  *
@@ -26,7 +28,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "flash_attn_t.h"
 
 namespace fat {
 
@@ -287,6 +292,29 @@ __device__ __forceinline__ SeqInfo seq_info(const int32_t *cu_q, const int32_t *
         s.sk = sk;
     }
     return s;
+}
+
+/* ---- shared memory per block (host) -------------------------------------- */
+
+inline int smem_optin_limit() {
+    int dev = 0, limit = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess)
+        return -1;
+    return limit;
+}
+
+/* Lets kernel use bytes of dynamic shared memory: unsupported when the
+ * device has fewer. */
+template <class Kernel> fat_status allow_smem(Kernel kernel, int bytes) {
+    const int limit = smem_optin_limit();
+    if (limit < 0) return FAT_ERR_CUDA;
+    if (bytes > limit) return FAT_ERR_UNSUPPORTED;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+                   cudaSuccess
+               ? FAT_OK
+               : FAT_ERR_CUDA;
 }
 
 /* ---- causal block order (host) ------------------------------------------ */

@@ -197,15 +197,33 @@ inline Idx thread_idx() { return {(unsigned)cur, 0, 0}; }
 inline Idx block_idx() { return {block_x, 0, 0}; }
 } /* namespace emu */
 
-/* The device queries of the launchers' block-order choice (pairs_finish_sooner):
- * a device of two SMs, so that small causal grids go either way. */
+/* The device queries of the launchers' block-order choice (pairs_finish_sooner)
+ * and of their shared-memory fallbacks: a device of two SMs of 2 CTAs each,
+ * so that small causal grids go either way; with emu::smem_per_sm set, as
+ * many CTAs as fit it (1 KB reserved each, at most 2), and 1 KB less per CTA. */
+namespace emu {
+inline int smem_per_sm = 0;       /* bytes; 0: any number of bytes, 2 CTAs */
+inline size_t last_fwd_smem = 0;  /* the dynamic shared memory of the last forward grid */
+}
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaDevAttrMultiProcessorCount = 16 };
+enum {
+    cudaSuccess = 0,
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
 inline cudaError_t cudaGetDevice(int *dev) { *dev = 0; return cudaSuccess; }
-inline cudaError_t cudaDeviceGetAttribute(int *value, int, int) { *value = 2; return cudaSuccess; }
+inline cudaError_t cudaDeviceGetAttribute(int *value, int attr, int) {
+    if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin)
+        *value = emu::smem_per_sm ? emu::smem_per_sm - 1024 : 1 << 30;
+    else
+        *value = 2;
+    return cudaSuccess;
+}
+template <class Kernel> inline cudaError_t cudaFuncSetAttribute(Kernel, int, int) { return cudaSuccess; }
 template <class Kernel>
-inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *ctas, Kernel, int, size_t) {
-    *ctas = 2;
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *ctas, Kernel, int, size_t bytes) {
+    *ctas = emu::smem_per_sm ? std::min<int>(2, emu::smem_per_sm / (int)(bytes + 1024)) : 2;
     return cudaSuccess;
 }
 

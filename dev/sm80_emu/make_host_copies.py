@@ -36,7 +36,7 @@ def remove_all(src, signature_start):
     return src
 
 p = open(SRC + 'fat_sm80_primitives.cuh').read()
-p = p.replace('#include <cuda_bf16.h>', '').replace('#include <cuda_fp16.h>', '')
+p = p.replace('#include <cuda_bf16.h>', '').replace('#include <cuda_fp16.h>', '').replace('#include <cuda_runtime.h>', '')
 a = p.index('/* ---- element types'); b = p.index('/* ---- cp.async')
 p = p[:a] + p[b:]
 for sig in ['__device__ __forceinline__ void cp_async_16(',
@@ -90,12 +90,8 @@ f, n = re.subn(r'asm volatile\("ld\.shared\.v4\.b32 \{%0,%1,%2,%3\}, \[%4\];\\n"
 if n != 1:
     sys.exit('expected one ld.shared.v4 in fat_sm80_fwd.cuh')
 f = replace_once(f, 'extern __shared__ __align__(1024) uint8_t smem[];', 'uint8_t *const smem = emu::fwd_smem;')
-f, n = re.subn(r'if \(cudaFuncSetAttribute\(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,\s*'
-               r'Cfg::kSmemBytes\) != cudaSuccess\)\s*return FAT_ERR_CUDA;', '', f)
-if n != 1:
-    sys.exit('expected one cudaFuncSetAttribute in fat_sm80_fwd.cuh')
 f = replace_once(f, 'kernel<<<(unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);',
-                 'emu::shared_base = emu::fwd_smem; (void)stream;\n'
+                 'emu::shared_base = emu::fwd_smem; emu::last_fwd_smem = Cfg::kSmemBytes; (void)stream;\n'
                  '    emu::run_grid((unsigned)blocks, Cfg::kThreads, Cfg::kSmemBytes, [&] { kernel(args); });')
 f = replace_once(f, 'return cudaGetLastError() == cudaSuccess ? FAT_OK : FAT_ERR_CUDA;', 'return FAT_OK;')
 open(OUT + 'fat_sm80_fwd.cuh', 'w').write(f)
