@@ -91,7 +91,7 @@ sm80_bench() {
   [ -x "/tmp/sm80_${pass}_bench" ] || return
   for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
     [ "$shape" = all ] && args="0 0" || args="${shape/x/ }"
-    TAIL=70 step "sm80_${pass}_bench_$shape" timeout 120 "/tmp/sm80_${pass}_bench" $args ${SM80_BENCH_FILTER:-}
+    TAIL=70 step "sm80_${pass}_bench_$shape" timeout 120 "/tmp/sm80_${pass}_bench" $args ${SM80_BENCH_FILTER:+"$SM80_BENCH_FILTER"}
   done
 }
 [ -n "${SM80_FWD_BENCH:-}" ] && sm80_bench fwd

@@ -20,7 +20,8 @@
  *   O += P V_j with P taken straight from the S registers (kFwdEarlyK, the
  *   D = 128 default: wait V_j and start K_{j+1} right after S; kFwdHalfS: S,
  *   softmax and P V in two halves of the key block; kFwdKvRing: two K/V
- *   buffer pairs, K_{j+1} and V_{j+1} started at the top of block j).
+ *   buffer pairs, K_{j+1} and V_{j+1} started at the top of block j; the
+ *   D = 64 default has both).
  * Epilogue: O / rowsum staged through each warp's own rows of the Q tile and
  * stored in 16-byte chunks; lse = (reference max in log2 units + log2 sum)
  * * ln 2; a row with no visible key gets o = 0, lse = -inf.
@@ -111,17 +112,17 @@ struct Sm80FwdTiles {
 /* Keys per block for each head dim, and the flags that go with them: the
  * fastest of dev/sm80_fwd_bench.cu's variants (16k tokens, hidden 2048;
  * benchmarks/NOTES.md "sm80 forward", "Causal pairs", "Early K load", "Two
- * K/V buffer pairs"): 128 x 48 tiles with lazy rescaling, causal pairs and
- * two K/V buffer pairs at D = 128; 128 x 96 with lazy rescaling at D = 64
- * (pairs, the early K load and the buffer pairs measured no faster there).
+ * K/V buffer pairs", "D = 64 forward candidates"): 128 x 48 tiles with lazy
+ * rescaling, causal pairs and the early K load at D = 128; 128 x 128 with
+ * lazy rescaling, S in two halves and two K/V buffer pairs at D = 64.
  * Unmeasured head dims keep the 64 / 32 key blocks that fit 255 registers
  * without spills. */
 constexpr int sm80_fwd_block_n(int d) {
-    return d == 64 ? 96 : d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
+    return d == 64 ? 128 : d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
 }
 constexpr int sm80_fwd_flags(int d) {
     return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0) |
-           (d == 128 ? kFwdPairs | kFwdKvRing : 0);
+           (d == 128 ? kFwdPairs | kFwdEarlyK : 0) | (d == 64 ? kFwdHalfS | kFwdKvRing : 0);
 }
 
 /* The configuration each head dim runs with: no spills at 255 registers.
@@ -131,12 +132,12 @@ template <int D, int kExtraFlags = 0> struct Sm80FwdConfig
                    sm80_fwd_flags(D) | kExtraFlags> {};
 
 /* Where fewer than kMinBlocksPerSm CTAs of Sm80FwdConfig<D> fit on an SM
- * (D = 128: 85 KB of shared memory a CTA, two need 172 KB with the
- * per-CTA reserve, an A100 has 164 KB), the forward runs with
- * Sm80FwdCompact<D>::type: one K/V buffer pair and the early K load (60 KB). */
+ * (D = 64: 90 KB of shared memory a CTA; two fit an H100 / H200 SM's 228 KB,
+ * not an A100's 164 KB or the 100 KB of sm_86 / sm_89), the forward runs
+ * with Sm80FwdCompact<D>::type: 96-key blocks, one K/V buffer pair (45 KB). */
 template <int D> struct Sm80FwdCompact { using type = Sm80FwdConfig<D>; };
-template <> struct Sm80FwdCompact<128> {
-    using type = Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdEarlyK>;
+template <> struct Sm80FwdCompact<64> {
+    using type = Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale>;
 };
 
 /* What every CTA needs besides fat_params, computed once on the host. */

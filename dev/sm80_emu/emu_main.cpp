@@ -400,15 +400,15 @@ static bool run_fwd_variant(int D, int v, const Problem &pr, uint64_t seed) {
     if (D == 64 && v == 2) return run_fwd<Sm80FwdConfig<64, kFwdAlwaysPairs>>(pr, seed);
     if (D == 128 && v == 6) /* the default before kFwdEarlyK */
         return run_fwd<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>(pr, seed);
-    if (D == 64 && v == 3) return run_fwd<Sm80FwdConfig<64, kFwdEarlyK>>(pr, seed);
-    if (D == 128 && v == 7) /* one K/V buffer pair, early K load */
-        return run_fwd<Sm80FwdCompact<128>::type>(pr, seed);
-    if (D == 64 && v == 4) return run_fwd<Sm80FwdConfig<64, kFwdKvRing>>(pr, seed);
-    if (D == 128 && v == 8) { /* SMs of an A100's 164 KB: the default falls back to Sm80FwdCompact */
+    if (D == 64 && v == 3) return run_fwd<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdEarlyK>>(pr, seed);
+    if (D == 128 && v == 7) /* two K/V buffer pairs */
+        return run_fwd<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdKvRing>>(pr, seed);
+    if (D == 64 && v == 4) return run_fwd<Sm80FwdCompact<64>::type>(pr, seed);
+    if (D == 64 && v == 5) { /* SMs of an A100's 164 KB: the default falls back to Sm80FwdCompact */
         emu::smem_per_sm = 164 * 1024;
-        const bool ok = run_fwd<Sm80FwdConfig<128>>(pr, seed);
+        const bool ok = run_fwd<Sm80FwdConfig<64>>(pr, seed);
         emu::smem_per_sm = 0;
-        const bool compact = emu::last_fwd_smem == Sm80FwdCompact<128>::type::kSmemBytes;
+        const bool compact = emu::last_fwd_smem == Sm80FwdCompact<64>::type::kSmemBytes;
         if (!compact) printf("    not the compact configuration  FAIL\n");
         return ok && compact;
     }
@@ -514,19 +514,19 @@ int main(int argc, char **argv) {
         {64, {"pairs dense right window only gqa det", false, 2, 300, 270, 4, 2, 64, 56, 0, -1, 12, 0, 1, {}, {}}, 4},
         {64, {"pairs varlen causal fp16", false, 3, 0, 0, 2, 1, 64, 64, 1, -1, -1, 0, 0, {390, 1, 129}, {390, 64, 300}}, 0, 3},
         {64, {"pairs varlen causal fp16", false, 3, 0, 0, 2, 1, 64, 64, 1, -1, -1, 0, 0, {390, 1, 129}, {390, 64, 300}}, 4},
-        /* K_{j+1} loaded after the softmax (D = 128 without kFwdEarlyK) or right after S (D = 64 with it) */
+        /* K_{j+1} loaded after the softmax (D = 128 without kFwdEarlyK) or right after S (D = 64 n96 with it) */
         {128, {"latek dense sq>sk causal", true, 2, 400, 150, 2, 1, 128, 128, 1, -1, -1, 0, 0, {}, {}}, 0, 7},
         {128, {"latek varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 7},
         {64, {"earlyk dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 0, 4},
         {64, {"earlyk varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 4},
-        /* the D = 128 compact forward (early K load) and the D = 64 one with two K/V buffer pairs */
-        {128, {"fwd compact pairs dense causal gqa odd blocks", false, 1, 300, 330, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 8},
-        {128, {"fwd compact varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 8},
-        {128, {"fwd compact varlen causal empty seqs", false, 4, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 1, {0, 300, 70, 9}, {12, 0, 390, 260}}, 0, 8},
-        {128, {"fwd compact fallback dense causal gqa", false, 1, 200, 230, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 9},
-        {64, {"ring dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 0, 5},
-        {64, {"ring varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 5},
-        {64, {"ring dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 0, 5},
+        /* the D = 128 forward with two K/V buffer pairs and the D = 64 compact one (one pair, 96 keys) */
+        {128, {"ring pairs dense causal gqa odd blocks", false, 1, 300, 330, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 8},
+        {128, {"ring varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 8},
+        {128, {"ring varlen causal empty seqs", false, 4, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 1, {0, 300, 70, 9}, {12, 0, 390, 260}}, 0, 8},
+        {64, {"fwd compact dense sk>sq causal softcap", true, 1, 200, 500, 2, 2, 64, 64, 1, -1, -1, 8.0, 0, {}, {}}, 0, 5},
+        {64, {"fwd compact varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 5},
+        {64, {"fwd compact dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 0, 5},
+        {64, {"fwd compact fallback dense causal gqa", false, 1, 300, 330, 4, 2, 64, 64, 1, -1, -1, 0, 0, {}, {}}, 0, 6},
     };
     int failures = 0, n = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
