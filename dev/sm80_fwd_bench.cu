@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "cuda/fat_sm80_fwd.cuh"
@@ -48,16 +49,16 @@ template <class Cfg> Variant variant(const char *name) {
 
 
 /* Whether name contains one of the comma-separated substrings of filter
- * (no filter: every name). */
+ * (no filter or an empty one: every name). */
 static bool name_matches(const char *name, const char *filter) {
-    if (!filter) return true;
-    for (const char *part = filter;; ++part) {
-        const char *end = strchr(part, ',');
-        const size_t len = end ? (size_t)(end - part) : strlen(part);
-        for (const char *at = name; len && strlen(at) >= len; ++at)
-            if (!strncmp(at, part, len)) return true;
-        if (!end) return false;
-        part = end;
+    if (!filter || !*filter) return true;
+    const std::string parts = filter;
+    for (size_t start = 0;;) {
+        const size_t end = parts.find(',', start);
+        const std::string part = parts.substr(start, end - start);
+        if (!part.empty() && strstr(name, part.c_str())) return true;
+        if (end == std::string::npos) return false;
+        start = end + 1;
     }
 }
 
@@ -66,7 +67,7 @@ static bool name_matches(const char *name, const char *filter) {
  * these comma-separated substrings) */
 int main(int argc, char **argv) {
     const int only_d = argc > 2 ? atoi(argv[1]) : 0, only_s = argc > 2 ? atoi(argv[2]) : 0;
-    const char *only_name = argc > 3 ? argv[3] : nullptr; /* substring of the variant names */
+    const char *only_name = argc > 3 ? argv[3] : nullptr; /* comma-separated substrings of the variant names */
     using namespace fat;
     const Variant variants[] = {
         variant<Sm80FwdConfig<128>>("d128 default"),
