@@ -1,6 +1,6 @@
 /*
  * dev_bench.cuh - what the dev/ variant benchmarks share: random bf16 inputs,
- * a variant table entry (name, head dim, launcher), CUDA-event timing (median
+ * a variant table entry (name, head dim, launcher), the name filter, CUDA-event timing (median
  * of 10 after 3 warm-up launches) and max-abs differences on the host.
  */
 #pragma once
@@ -8,7 +8,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <string.h>
+
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -61,4 +64,18 @@ float max_diff(const std::vector<float> &x, const std::vector<float> &y) {
     float m = 0;
     for (size_t i = 0; i < x.size(); ++i) m = fmaxf(m, fabsf(x[i] - y[i]));
     return m;
+}
+
+/* Whether name contains one of the comma-separated substrings of filter
+ * (no filter or an empty one: every name). */
+static bool name_matches(const char *name, const char *filter) {
+    if (!filter || !*filter) return true;
+    const std::string parts = filter;
+    for (size_t start = 0;;) {
+        const size_t end = parts.find(',', start);
+        const std::string part = parts.substr(start, end - start);
+        if (!part.empty() && strstr(name, part.c_str())) return true;
+        if (end == std::string::npos) return false;
+        start = end + 1;
+    }
 }

@@ -10,7 +10,7 @@
  * lacks prints "unsupported".
  *   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Icsrc \
  *        dev/sm80_bwd_bench.cu csrc/fat_common.c -o /tmp/sm80_bwd_bench
- *   /tmp/sm80_bwd_bench [head_dim seqlen [name]]   (default: the whole grid)
+ *   /tmp/sm80_bwd_bench [head_dim seqlen [names]]   (default: the whole grid)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,16 +57,20 @@ template <class Cfg> Variant variant(const char *name) {
     return {name, Cfg::D, fat::sm80_bwd_tiles<bf16, Cfg>};
 }
 
-/* usage: sm80_bwd_bench [head_dim seqlen [name]]  (default: the whole grid; 0: every
- * head dim / seqlen of it; name: only the variants whose name contains it) */
+/* usage: sm80_bwd_bench [head_dim seqlen [names]]  (default: the whole grid; 0: every
+ * head dim / seqlen of it; names: only the variants whose name contains one of
+ * these comma-separated substrings) */
 int main(int argc, char **argv) {
     const int only_d = argc > 2 ? atoi(argv[1]) : 0, only_s = argc > 2 ? atoi(argv[2]) : 0;
-    const char *only_name = argc > 3 ? argv[3] : nullptr; /* substring of the variant names */
+    const char *only_name = argc > 3 ? argv[3] : nullptr; /* comma-separated substrings of the variant names */
     using namespace fat::bwd80;
-    /* name: warps, key tiles per warp, split of D, query block, stages */
+    /* name: warps, key tiles per warp, split of D, query block, stages; warpmask:
+     * BwdTiles::kWarpMask */
     const Variant variants[] = {
         variant<BwdConfig<128>>("d128 default"),
         variant<BwdConfig<128, true>>("d128 default pairs"),
+        variant<BwdConfig<128, false, false>>("d128 default no warpmask"),
+        variant<BwdConfig<128, true, false>>("d128 default pairs no warpmask"),
         variant<BwdCompact<128>::type>("d128 compact (A100)"),
         variant<BwdTiles<128, 8, 2, 2, 64, 1>>("d128 w8 k2 s2 m64 st1"),
         variant<BwdTiles<128, 8, 2, 4, 128, 2>>("d128 w8 k2 s4 m128 st2"),
@@ -77,6 +81,8 @@ int main(int argc, char **argv) {
         variant<BwdTiles<128, 4, 2, 4, 64, 2>>("d128 w4 k2 s4 m64 st2"),
         variant<BwdConfig<64>>("d64 default"),
         variant<BwdConfig<64, true>>("d64 default pairs"),
+        variant<BwdConfig<64, false, true>>("d64 default warpmask"),
+        variant<BwdConfig<64, true, true>>("d64 default pairs warpmask"),
         variant<BwdTiles<64, 8, 1, 1, 64, 2>>("d64 w8 k1 s1 m64 st2"),
         variant<BwdTiles<64, 8, 1, 1, 128, 2>>("d64 w8 k1 s1 m128 st2"),
         variant<BwdTiles<64, 8, 2, 2, 128, 2>>("d64 w8 k2 s2 m128 st2"),
@@ -87,7 +93,7 @@ int main(int argc, char **argv) {
     };
     const int tokens = 16384, hidden = 2048;
     const int seqlens[] = {1024, 2048, 4096, 8192, 16384};
-    printf("%-24s %6s %6s %9s %8s %9s %9s %9s\n", "variant", "seqlen", "causal", "ms", "TFLOPS",
+    printf("%-28s %6s %6s %9s %8s %9s %9s %9s\n", "variant", "seqlen", "causal", "ms", "TFLOPS",
            "dq diff", "dk diff", "dv diff");
     for (int d : {128, 64}) {
         for (int s : seqlens) {
@@ -108,10 +114,10 @@ int main(int argc, char **argv) {
                 if (fwd != FAT_OK) { printf("forward failed\n"); return 1; }
                 std::vector<float> first[3];
                 for (const Variant &v : variants) {
-                    if (v.d != d || (only_name && !strstr(v.name, only_name))) continue;
+                    if (v.d != d || !name_matches(v.name, only_name)) continue;
                     const fat_status st = v.fn(p, 0);
                     if (st != FAT_OK) {
-                        printf("%-24s %6d %6d %s\n", v.name, s, causal,
+                        printf("%-28s %6d %6d %s\n", v.name, s, causal,
                                st == FAT_ERR_UNSUPPORTED ? "unsupported" : "launch failed");
                         continue;
                     }
@@ -124,7 +130,7 @@ int main(int argc, char **argv) {
                     }
                     const float ms = time_ms(v.fn, p);
                     const double flops = 2.5 * 4.0 * pr.b * pr.h * (double)s * s * d / (causal ? 2 : 1);
-                    printf("%-24s %6d %6d %9.3f %8.1f %9.2e %9.2e %9.2e\n", v.name, s, causal, ms,
+                    printf("%-28s %6d %6d %9.3f %8.1f %9.2e %9.2e %9.2e\n", v.name, s, causal, ms,
                            flops / ms / 1e9, diff[0], diff[1], diff[2]);
                 }
             }

@@ -48,20 +48,6 @@ template <class Cfg> Variant variant(const char *name) {
 }
 
 
-/* Whether name contains one of the comma-separated substrings of filter
- * (no filter or an empty one: every name). */
-static bool name_matches(const char *name, const char *filter) {
-    if (!filter || !*filter) return true;
-    const std::string parts = filter;
-    for (size_t start = 0;;) {
-        const size_t end = parts.find(',', start);
-        const std::string part = parts.substr(start, end - start);
-        if (!part.empty() && strstr(name, part.c_str())) return true;
-        if (end == std::string::npos) return false;
-        start = end + 1;
-    }
-}
-
 /* usage: sm80_fwd_bench [head_dim seqlen [names]]  (default: the whole grid; 0: every
  * head dim / seqlen of it; names: only the variants whose name contains one of
  * these comma-separated substrings) */
@@ -72,9 +58,10 @@ int main(int argc, char **argv) {
     const Variant variants[] = {
         variant<Sm80FwdConfig<128>>("d128 default"),
         variant<Sm80FwdConfig<128, kFwdAlwaysPairs>>("d128 default pairs"),
-        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdEarlyK>>("d128 default single"),
-        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>("d128 default latek"),
-        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdKvRing>>("d128 default ring"),
+        variant<Sm80FwdCompact<128>::type>("d128 default compact"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdKvRing>>("d128 default no rsfirst"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdEarlyK | kFwdRescaleFirst>>("d128 default compact rsfirst"),
+        variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>("d128 default compact latek"),
         variant<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdHalfS | kFwdKvRing>>("d128 w4 mt2 n64 lazy halfs ring pairs"),
         variant<Sm80FwdTiles<128, 4, 2, 32>>("d128 w4 mt2 n32"),
         variant<Sm80FwdTiles<128, 4, 2, 64>>("d128 w4 mt2 n64"),
@@ -94,6 +81,7 @@ int main(int argc, char **argv) {
         variant<Sm80FwdConfig<64>>("d64 default"),
         variant<Sm80FwdConfig<64, kFwdAlwaysPairs>>("d64 default pairs"),
         variant<Sm80FwdCompact<64>::type>("d64 default compact"),
+        variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale>>("d64 default compact no rsfirst"),
         variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdEarlyK>>("d64 default compact earlyk"),
         variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d64 default compact ring"),
         variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d64 default one pair"),

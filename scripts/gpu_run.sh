@@ -10,6 +10,7 @@
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
 #   SM80_BENCH_FILTER="default"  only the bench variants whose name contains it
 #                           (forward bench: any of its comma-separated parts)
+#   SM80_BENCH_ROUNDS=3     run the shapes' benches that many times over (logs _r2, _r3)
 #   NCU=1                   ncu stall/throughput sections of the sm80 forward
 #                           (dev bench, D=128, 16k) and backward (profile_bwd.py)
 #   NCU_SM90="64x2048 128x8192x0x1"  ncu of the sm90a forward at these shapes: head dim x
@@ -89,9 +90,12 @@ fi
 sm80_bench() {
   local pass=$1
   [ -x "/tmp/sm80_${pass}_bench" ] || return
-  for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
-    [ "$shape" = all ] && args="0 0" || args="${shape/x/ }"
-    TAIL=70 step "sm80_${pass}_bench_$shape" timeout 120 "/tmp/sm80_${pass}_bench" $args ${SM80_BENCH_FILTER:+"$SM80_BENCH_FILTER"}
+  for round in $(seq 1 "${SM80_BENCH_ROUNDS:-1}"); do  # rounds alternate the variants' timings
+    for shape in ${SM80_BENCH_SHAPES:-all}; do  # e.g. "128x16384 64x16384"
+      [ "$shape" = all ] && args="0 0" || args="${shape/x/ }"
+      TAIL=70 step "sm80_${pass}_bench_$shape$( [ "$round" -gt 1 ] && echo "_r$round")" timeout 120 \
+        "/tmp/sm80_${pass}_bench" $args ${SM80_BENCH_FILTER:+"$SM80_BENCH_FILTER"}
+    done
   done
 }
 [ -n "${SM80_FWD_BENCH:-}" ] && sm80_bench fwd

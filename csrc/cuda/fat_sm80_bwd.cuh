@@ -99,10 +99,14 @@ constexpr int dq_chunk_cols(int span, int m_tiles) {
  * where a key block's visible queries shrink with its index (causal, or a
  * right window with no left one), CTA j runs key blocks j and
  * num_k_blocks - 1 - j, so every CTA does the same work and the heaviest
- * blocks of the last heads do not run alone at the end.  dq_kernel
+ * blocks of the last heads do not run alone at the end.  kWarpMask: on
+ * the steps that need a mask, each warp decides for its own tile whether
+ * it needs one and, inside both sequence ends, compares compile-time
+ * offsets with two per-thread limits (zero_masked_warp_tile), where
+ * otherwise every warp tests every element (zero_masked).  dq_kernel
  * (deterministic mode) tiles depend on D only. */
 template <int D_, int kWarps_, int kKeyTiles_, int kSplitD_, int kBlockM_, int kStages_,
-          bool kOverlapScores_ = true, bool kPairs_ = false>
+          bool kOverlapScores_ = true, bool kPairs_ = false, bool kWarpMask_ = false>
 struct BwdTiles {
     static constexpr int D = D_;
     /* dkdv_kernel */
@@ -115,6 +119,7 @@ struct BwdTiles {
     static constexpr int kStages = kStages_;
     static constexpr bool kOverlapScores = kOverlapScores_;
     static constexpr bool kPairs = kPairs_;
+    static constexpr bool kWarpMask = kWarpMask_;
     static constexpr int kSTiles = kBlockM / kSplitD / 8; /* n8 tiles of S^T per key tile */
     static constexpr int kKvTiles = D / kSplitD / 8;      /* n8 tiles of dK, dV per key tile */
     static constexpr int kDqMTiles = D >= 128 ? 2 : 1;    /* m16 tiles per warp in dQ */
@@ -145,11 +150,13 @@ struct BwdTiles {
  * CTA, two CTAs per SM, so one's barriers and loads overlap the other's
  * MMAs): the fastest of dev/sm80_bwd_bench.cu's variants on an H200
  * (benchmarks/NOTES.md "sm80 backward").  D >= 192 single-buffers Q / dO
- * to fit an A100's shared memory; D = 32, 96 are unmeasured. */
-template <int D, bool kPairs = false>
+ * to fit an A100's shared memory; D = 32, 96 are unmeasured.  kWarpMask at
+ * D = 128: +1-2 % at 1k-16k, causal and not, on an H100; -1 % at D = 64
+ * (NOTES "Per-warp masks"). */
+template <int D, bool kPairs = false, bool kWarpMask = D == 128>
 struct BwdConfig
     : BwdTiles<D, D == 64 ? 4 : 8, (D == 64 || D == 128) ? 2 : 1, (D == 128 || D >= 192) ? 2 : 1,
-               D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2, true, kPairs> {};
+               D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2, true, kPairs, kWarpMask> {};
 
 /* Where BwdConfig<D> needs more shared memory than the device has (D = 128:
  * 177 KB, an A100 has 163 KB), the backward runs with BwdCompact<D>::type,
@@ -1066,8 +1073,58 @@ __device__ __forceinline__ void dkdv_step_grads(
         grads_by_column<kSoftcap>(s[mt], dp[mt], lse_log2, dot, m, w.s_col0, w.lane);
 }
 
+/* zero_masked for the MTiles x NTiles tiles of one dkdv_kernel warp
+ * (kWarpMask): element e of n8 tile j of key tile mt is key key0 + 16 mt +
+ * g + 8 (e / 2), query query0 + 8j + 2t + e % 2 (absolute indices).  The
+ * warp decides for its whole tile: nothing where every element is visible,
+ * zero_masked where the tile crosses a sequence end and some element is
+ * visible.  Otherwise key - query = base + c with the per-thread base =
+ * key0 + g - query0 - 2t and the compile-time c = 16 mt + 8 (e / 2) - 8j -
+ * e % 2, visible iff c_min <= c <= c_max: c_max = hi - base where the
+ * window's right side cuts the tile, c_min = lo - base where its left side
+ * does (both then within the tile's diagonals, so they cannot overflow),
+ * INT_MAX / INT_MIN otherwise, and c_max = INT_MIN where nothing is
+ * visible.  (Zeroing the tile in a branch of its own spills on sm_90a;
+ * tests of key0 - const rather than of diff0 against hi / lo spill 4 bytes
+ * at D = 64 on sm_80, ptxas keeping key0 - const across the loop.) */
+template <int MTiles, int NTiles>
+__device__ __forceinline__ void zero_masked_warp_tile(float (&p)[MTiles][NTiles][4],
+                                                      float (&ds)[MTiles][NTiles][4],
+                                                      const Geometry &geo, int key0, int query0,
+                                                      int lane) {
+    constexpr int kKeys = 16 * MTiles, kQueries = 8 * NTiles;
+    const int diff0 = key0 - query0; /* of element c = 0 */
+    const bool cut_hi = diff0 > geo.hi - (kKeys - 1), cut_lo = diff0 < geo.lo + (kQueries - 1);
+    const bool past_end = key0 > geo.seq.sk - kKeys || query0 > geo.seq.sq - kQueries;
+    if (!cut_hi && !cut_lo && !past_end) return;
+    const bool none_visible = key0 >= geo.seq.sk || query0 >= geo.seq.sq ||
+                              diff0 - (kQueries - 1) > geo.hi || diff0 + (kKeys - 1) < geo.lo;
+    if (past_end && !none_visible) {
+#pragma unroll
+        for (int mt = 0; mt < MTiles; ++mt)
+            zero_masked(p[mt], ds[mt], geo, key0 + 16 * mt, query0, true, lane);
+        return;
+    }
+    const int base = diff0 + (lane >> 2) - 2 * (lane & 3);
+    const int c_max = none_visible ? INT_MIN : cut_hi ? geo.hi - base : INT_MAX;
+    const int c_min = cut_lo && !none_visible ? geo.lo - base : INT_MIN;
+#pragma unroll
+    for (int mt = 0; mt < MTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < NTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int c = 16 * mt + 8 * (e >> 1) - 8 * j - (e & 1);
+                const bool vis = c >= c_min && c <= c_max;
+                p[mt][j][e] = vis ? p[mt][j][e] : 0.f;
+                ds[mt][j][e] = vis ? ds[mt][j][e] : 0.f;
+            }
+}
+
 /* dkdv_step_grads' P^T, dS^T (keys k0 + key_row0 + 16 mt.., queries q0 +
- * s_col0..) masked and packed to T. */
+ * s_col0..) masked and packed to T: where the CTA's block needs a mask,
+ * each warp tile by zero_masked_warp_tile (kWarpMask) or each key tile by
+ * zero_masked. */
 template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step_pack(
     const Geometry &geo, const DkdvWarp &w, int k0, int q0,
@@ -1075,9 +1132,11 @@ __device__ __forceinline__ void dkdv_step_pack(
     uint32_t (&p_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2],
     uint32_t (&ds_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2]) {
     const bool masked = geo.tile_needs_mask(k0, Cfg::kBlockN, q0, Cfg::kBlockM);
+    if (Cfg::kWarpMask && masked)
+        zero_masked_warp_tile(s, dp, geo, k0 + w.key_row0, q0 + w.s_col0, w.lane);
 #pragma unroll
     for (int mt = 0; mt < Cfg::kKeyTiles; ++mt) {
-        if (masked)
+        if (!Cfg::kWarpMask && masked)
             zero_masked(s[mt], dp[mt], geo, k0 + w.key_row0 + 16 * mt, q0 + w.s_col0, true,
                         w.lane);
         pack_c<T>(p_packed[mt], s[mt]);

@@ -17,11 +17,11 @@
  * Loop over the visible key blocks j (window/causal ranges skipped):
  *   wait K_j; start loading V_j; S = Q K_j^T; mask (boundary blocks only);
  *   online softmax in the log2 domain; wait V_j; start loading K_{j+1};
- *   O += P V_j with P taken straight from the S registers (kFwdEarlyK, the
- *   D = 128 default: wait V_j and start K_{j+1} right after S; kFwdHalfS: S,
- *   softmax and P V in two halves of the key block; kFwdKvRing: two K/V
- *   buffer pairs, K_{j+1} and V_{j+1} started at the top of block j; the
- *   D = 64 default has both).
+ *   O += P V_j with P taken straight from the S registers (kFwdEarlyK: wait
+ *   V_j and start K_{j+1} right after S; kFwdHalfS: S, softmax and P V in
+ *   two halves of the key block; kFwdKvRing: two K/V buffer pairs, K_{j+1}
+ *   and V_{j+1} started at the top of block j, in both defaults;
+ *   kFwdRescaleFirst, D = 128: O rescaled before the exponentials).
  * Epilogue: O / rowsum staged through each warp's own rows of the Q tile and
  * stored in 16-byte chunks; lse = (reference max in log2 units + log2 sum)
  * * ln 2; a row with no visible key gets o = 0, lse = -inf.
@@ -76,6 +76,11 @@ enum Sm80FwdFlags {
      * has a whole block's S, softmax and P V to land under (twice the K/V
      * shared memory; not with kFwdEarlyK) */
     kFwdKvRing = 256,
+    /* (with kFwdLazyRescale, one S sub-block) O is rescaled between the row
+     * max and the exponentials instead of after them, so that the
+     * exponentials, the bf16 packing and the P V MMAs are one basic block
+     * whose MUFU and HMMA instructions ptxas interleaves */
+    kFwdRescaleFirst = 512,
 };
 
 /* One tile configuration: kWarps warps of kMTiles m16 tiles each split the
@@ -99,9 +104,12 @@ struct Sm80FwdTiles {
     static constexpr bool kAlwaysPairs = (kFlags_ & kFwdAlwaysPairs) != 0;
     static constexpr bool kEarlyK = (kFlags_ & kFwdEarlyK) != 0;
     static constexpr bool kKvRing = (kFlags_ & kFwdKvRing) != 0;
+    static constexpr bool kRescaleFirst = (kFlags_ & kFwdRescaleFirst) != 0;
     static_assert(!kEarlyK || kSubN == kBlockN_, "kFwdEarlyK: one S sub-block");
     static_assert(!(kEarlyK && kKvRing), "kFwdEarlyK and kFwdKvRing: two load schedules");
     static_assert(kSubN % 16 == 0, "S sub-blocks of whole k16 steps");
+    static_assert(!kRescaleFirst || (kLazyRescale && kSubN == kBlockN_),
+                  "kFwdRescaleFirst: lazy rescaling, one S sub-block");
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int kMinBlocksPerSm = (kWarps >= 8 ? 1 : 2) + ((kFlags_ & kFwdMoreCtas) ? 1 : 0);
     using QTile = PaddedTile<kBlockM, D>;
@@ -112,9 +120,10 @@ struct Sm80FwdTiles {
 /* Keys per block for each head dim, and the flags that go with them: the
  * fastest of dev/sm80_fwd_bench.cu's variants (16k tokens, hidden 2048;
  * benchmarks/NOTES.md "sm80 forward", "Causal pairs", "Early K load", "Two
- * K/V buffer pairs", "D = 64 forward candidates"): 128 x 48 tiles with lazy
- * rescaling, causal pairs and the early K load at D = 128; 128 x 128 with
- * lazy rescaling, S in two halves and two K/V buffer pairs at D = 64.
+ * K/V buffer pairs", "D = 64 forward candidates", "O rescaled before the
+ * exponentials"): 128 x 48 tiles with lazy rescaling, causal pairs, two K/V
+ * buffer pairs and the O rescale before the exponentials at D = 128; 128 x
+ * 128 with lazy rescaling, S in two halves and two K/V buffer pairs at D = 64.
  * Unmeasured head dims keep the 64 / 32 key blocks that fit 255 registers
  * without spills. */
 constexpr int sm80_fwd_block_n(int d) {
@@ -122,22 +131,29 @@ constexpr int sm80_fwd_block_n(int d) {
 }
 constexpr int sm80_fwd_flags(int d) {
     return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0) |
-           (d == 128 ? kFwdPairs | kFwdEarlyK : 0) | (d == 64 ? kFwdHalfS | kFwdKvRing : 0);
+           (d == 128 ? kFwdPairs | kFwdKvRing | kFwdRescaleFirst : 0) |
+           (d == 64 ? kFwdHalfS | kFwdKvRing : 0);
 }
 
-/* The configuration each head dim runs with: no spills at 255 registers.
- * kExtraFlags: options on top of it, for dev/sm80_fwd_bench.cu. */
+/* The configuration each head dim runs with at 255 registers: no spills but
+ * at D = 128 (4 bytes on sm_80, 20 on sm_90a: loop-invariant addresses,
+ * reloaded once per key block).  kExtraFlags: options on top of it, for dev/sm80_fwd_bench.cu. */
 template <int D, int kExtraFlags = 0> struct Sm80FwdConfig
     : Sm80FwdTiles<D, 4, (D <= 128 ? 2 : 1), sm80_fwd_block_n(D), false,
                    sm80_fwd_flags(D) | kExtraFlags> {};
 
 /* Where fewer than kMinBlocksPerSm CTAs of Sm80FwdConfig<D> fit on an SM
- * (D = 64: 90 KB of shared memory a CTA; two fit an H100 / H200 SM's 228 KB,
- * not an A100's 164 KB or the 100 KB of sm_86 / sm_89), the forward runs
- * with Sm80FwdCompact<D>::type: 96-key blocks, one K/V buffer pair (45 KB). */
+ * (the two K/V buffer pairs: D = 64 90 KB of shared memory a CTA, D = 128
+ * 85 KB; two fit an H100 / H200 SM's 228 KB, not an A100's 164 KB or the
+ * 100 KB of sm_86 / sm_89), the forward runs with Sm80FwdCompact<D>::type,
+ * one K/V buffer pair: D = 64 96-key blocks with the O rescale before the
+ * exponentials (45 KB), D = 128 the early K load (60 KB). */
 template <int D> struct Sm80FwdCompact { using type = Sm80FwdConfig<D>; };
 template <> struct Sm80FwdCompact<64> {
-    using type = Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale>;
+    using type = Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdRescaleFirst>;
+};
+template <> struct Sm80FwdCompact<128> {
+    using type = Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdEarlyK>;
 };
 
 /* What every CTA needs besides fat_params, computed once on the host. */
@@ -469,46 +485,69 @@ __device__ __forceinline__ void fwd_query_block(const Sm80FwdArgs &args, uint8_t
              * against), rescale of the running sum (and of O, here when
              * one sub-block, else before this sub-block's P V), P */
             rescale[sb] = false;
+            float ref_scaled[MT][2];
+            /* row (mt, ri): new reference max, its correction c of the
+             * running sum (and of O without lazy rescaling) */
+            const auto new_reference = [&](int mt, int ri) {
+                const float old = row_max[mt][ri];
+                float mx = old;
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+                for (int nt = 0; nt < NT_S; ++nt)
+                    mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
+                mx = quad_max(mx);
+                /* old = -inf (nothing seen yet): the difference is inf or NaN */
+                const bool keep = Cfg::kLazyRescale && (mx - old) * exp_scale <= 8.f;
+                if (!keep) row_max[mt][ri] = mx;
+                rescale[sb] |= !keep;
+                const float ref = row_max[mt][ri] == -INFINITY ? 0.f : row_max[mt][ri];
+                ref_scaled[mt][ri] = ref * exp_scale;
+                const float c = keep ? 1.f : fast_exp2(fmaf(old, exp_scale, -ref_scaled[mt][ri]));
+                correction[sb][mt][ri] = c;
+                row_sum[mt][ri] *= c;
+                if (!Cfg::kLazyRescale && NSUB == 1) {
 #pragma unroll
-                for (int ri = 0; ri < 2; ++ri) {
-                    const float old = row_max[mt][ri];
-                    float mx = old;
-#pragma unroll
-                    for (int nt = 0; nt < NT_S; ++nt)
-                        mx = fmaxf(mx, fmaxf(s[mt][nt][2 * ri], s[mt][nt][2 * ri + 1]));
-                    mx = quad_max(mx);
-                    /* old = -inf (nothing seen yet): the difference is inf or NaN */
-                    const bool keep = Cfg::kLazyRescale && (mx - old) * exp_scale <= 8.f;
-                    if (!keep) row_max[mt][ri] = mx;
-                    rescale[sb] |= !keep;
-                    const float ref = row_max[mt][ri] == -INFINITY ? 0.f : row_max[mt][ri];
-                    const float ref_scaled = ref * exp_scale;
-                    const float c = keep ? 1.f : fast_exp2(fmaf(old, exp_scale, -ref_scaled));
-                    correction[sb][mt][ri] = c;
-                    float sum = row_sum[mt][ri] * c;
-                    if (!Cfg::kLazyRescale && NSUB == 1) {
-#pragma unroll
-                        for (int nt = 0; nt < NT_O; ++nt) {
-                            o_acc[mt][nt][2 * ri] *= c;
-                            o_acc[mt][nt][2 * ri + 1] *= c;
-                        }
+                    for (int nt = 0; nt < NT_O; ++nt) {
+                        o_acc[mt][nt][2 * ri] *= c;
+                        o_acc[mt][nt][2 * ri + 1] *= c;
                     }
-#pragma unroll
-                    for (int nt = 0; nt < NT_S; ++nt) {
-                        const float p0 = fast_exp2(fmaf(s[mt][nt][2 * ri], exp_scale, -ref_scaled));
-                        const float p1 =
-                            fast_exp2(fmaf(s[mt][nt][2 * ri + 1], exp_scale, -ref_scaled));
-                        s[mt][nt][2 * ri] = p0;
-                        s[mt][nt][2 * ri + 1] = p1;
-                        sum += p0 + p1;
-                    }
-                    row_sum[mt][ri] = sum;
                 }
-            /* one warp-uniform branch: most blocks move no row's reference */
-            if (Cfg::kLazyRescale && NSUB == 1 && __any_sync(0xffffffffu, rescale[sb]))
-                scale_rows<MT, NT_O>(o_acc, correction[sb]);
+            };
+            /* row (mt, ri): p = 2^(s scale - reference) in place, summed */
+            const auto exponentials = [&](int mt, int ri) {
+                float sum = row_sum[mt][ri];
+#pragma unroll
+                for (int nt = 0; nt < NT_S; ++nt) {
+                    const float p0 = fast_exp2(fmaf(s[mt][nt][2 * ri], exp_scale, -ref_scaled[mt][ri]));
+                    const float p1 = fast_exp2(fmaf(s[mt][nt][2 * ri + 1], exp_scale, -ref_scaled[mt][ri]));
+                    s[mt][nt][2 * ri] = p0;
+                    s[mt][nt][2 * ri + 1] = p1;
+                    sum += p0 + p1;
+                }
+                row_sum[mt][ri] = sum;
+            };
+            /* the O rescale is one warp-uniform branch: most blocks move no
+             * row's reference */
+            if constexpr (Cfg::kRescaleFirst) {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int ri = 0; ri < 2; ++ri) new_reference(mt, ri);
+                if (__any_sync(0xffffffffu, rescale[sb])) scale_rows<MT, NT_O>(o_acc, correction[sb]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int ri = 0; ri < 2; ++ri) exponentials(mt, ri);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int ri = 0; ri < 2; ++ri) {
+                        new_reference(mt, ri);
+                        exponentials(mt, ri);
+                    }
+                if (Cfg::kLazyRescale && NSUB == 1 && __any_sync(0xffffffffu, rescale[sb]))
+                    scale_rows<MT, NT_O>(o_acc, correction[sb]);
+            }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -98,6 +98,7 @@ struct Problem {
     double softcap;
     int deterministic;
     std::vector<int> lens_q, lens_k; /* varlen when not empty */
+    double scale_mul = 1.0;          /* on softmax_scale: > 1 moves row maxima, so lazy rescales run */
 };
 
 static const uint16_t kCanary = 0x7e7e;
@@ -165,7 +166,7 @@ static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run
     memset(&p, 0, sizeof p);
     p.b = B; p.sq = max_q; p.sk = max_k; p.hq = pr.hq; p.hkv = pr.hkv; p.d = pr.d; p.d_v = pr.dv;
     p.dtype = pr.bf16 ? FAT_BFLOAT16 : FAT_FLOAT16;
-    p.softmax_scale = 1.0 / std::sqrt((double)pr.d) * 1.3;
+    p.softmax_scale = 1.0 / std::sqrt((double)pr.d) * 1.3 * pr.scale_mul;
     p.causal = pr.causal; p.window_left = pr.wl; p.window_right = pr.wr; p.softcap = pr.softcap;
     p.deterministic = pr.deterministic;
     int wl, wr;
@@ -359,9 +360,9 @@ static bool run_problem(const Problem &pr, uint64_t seed, bool run_fwd, bool run
         emu::run_grid(row_blocks, row_threads, 0, [&] { fat::bwd80::bwd_dq_convert_kernel<T, D>(args); });
     }
 
-    printf("[%s] D=%d %s  tiles w%d k%d s%d m%d st%d pairs %d (%u key-block CTAs)\n", pr.name.c_str(), D,
+    printf("[%s] D=%d %s  tiles w%d k%d s%d m%d st%d pairs %d warpmask %d (%u key-block CTAs)\n", pr.name.c_str(), D,
            pr.bf16 ? "bf16" : "fp16", Cfg::kWarps, Cfg::kKeyTiles, Cfg::kSplitD, Cfg::kBlockM, Cfg::kStages,
-           (int)args.paired, kv_blocks);
+           (int)args.paired, (int)Cfg::kWarpMask, kv_blocks);
     check("dq", dq, rdq, pr.hq, pr.d, false);
     check("dk", dk, rdk, pr.hkv, pr.d, true);
     check("dv", dvt, rdv, pr.hkv, pr.dv, true);
@@ -412,6 +413,15 @@ static bool run_fwd_variant(int D, int v, const Problem &pr, uint64_t seed) {
         if (!compact) printf("    not the compact configuration  FAIL\n");
         return ok && compact;
     }
+    if (D == 128 && v == 8) return run_fwd<Sm80FwdCompact<128>::type>(pr, seed);
+    if (D == 128 && v == 9) { /* an A100's 164 KB: the D = 128 default falls back too */
+        emu::smem_per_sm = 164 * 1024;
+        const bool ok = run_fwd<Sm80FwdConfig<128>>(pr, seed);
+        emu::smem_per_sm = 0;
+        const bool compact = emu::last_fwd_smem == Sm80FwdCompact<128>::type::kSmemBytes;
+        if (!compact) printf("    not the compact configuration  FAIL\n");
+        return ok && compact;
+    }
     return false;
 }
 
@@ -427,6 +437,10 @@ static bool run_variant(int D, int v, const Problem &pr, uint64_t seed) {
     if (D == 64 && v == 2) return run_both<BwdTiles<64, 8, 1, 1, 64, 2>>(pr, seed);
     if (D == 128 && v == 4) return run_both<fat::bwd80::BwdConfig<128, true>>(pr, seed);
     if (D == 64 && v == 3) return run_both<fat::bwd80::BwdConfig<64, true>>(pr, seed);
+    if (D == 128 && v == 5) return run_both<fat::bwd80::BwdConfig<128, false, true>>(pr, seed);
+    if (D == 128 && v == 6) return run_both<fat::bwd80::BwdConfig<128, true, true>>(pr, seed);
+    if (D == 64 && v == 4) return run_both<fat::bwd80::BwdConfig<64, false, true>>(pr, seed);
+    if (D == 64 && v == 5) return run_both<fat::bwd80::BwdConfig<64, true, true>>(pr, seed);
     return false;
 }
 
@@ -527,6 +541,37 @@ int main(int argc, char **argv) {
         {64, {"fwd compact varlen fp16 mixed", false, 3, 0, 0, 4, 2, 64, 64, 0, -1, -1, 5.0, 0, {129, 1, 64}, {1, 129, 65}}, 0, 5},
         {64, {"fwd compact dense multi-block gqa3 causal", true, 1, 300, 260, 3, 1, 64, 48, 1, -1, -1, 0, 0, {}, {}}, 0, 5},
         {64, {"fwd compact fallback dense causal gqa", false, 1, 300, 330, 4, 2, 64, 64, 1, -1, -1, 0, 0, {}, {}}, 0, 6},
+        /* large scores: lazy rescales with a nonzero correction (the D = 128 default rescales O
+         * before the exponentials, kFwdRescaleFirst) */
+        {128, {"large scores dense gqa", true, 1, 200, 700, 4, 2, 128, 128, 0, -1, -1, 0, 0, {}, {}, 8.0}},
+        {128, {"large scores varlen causal", false, 3, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 0, {390, 1, 129}, {700, 64, 300}, 8.0}},
+        {64, {"large scores dense causal", false, 2, 300, 700, 2, 1, 64, 64, 1, -1, -1, 0, 0, {}, {}, 8.0}},
+        {64, {"large scores dense window", true, 1, 250, 600, 2, 2, 64, 56, 0, 200, 90, 0, 0, {}, {}, 8.0}},
+        {64, {"fwd compact large scores dense", true, 1, 200, 700, 2, 1, 64, 64, 0, -1, -1, 0, 0, {}, {}, 8.0}, 0, 5},
+        /* the D = 128 compact forward (early K load, one K/V pair) and its fallback */
+        {128, {"fwd compact pairs dense causal gqa odd blocks", false, 1, 300, 330, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 0, 9},
+        {128, {"fwd compact varlen window softcap", true, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 0, 9},
+        {128, {"fwd compact large scores dense gqa", true, 1, 200, 700, 4, 2, 128, 128, 0, -1, -1, 0, 0, {}, {}, 8.0}, 0, 9},
+        {128, {"fwd compact fallback dense causal gqa", false, 1, 300, 330, 4, 2, 128, 128, 1, -1, -1, 0, 0, {}, {}}, 0, 10},
+        /* per-warp masks of the backward (BwdConfig<D, kPairs, true>): causal with sq != sk,
+         * windows cutting one or both sides of a warp tile, sequence ends inside blocks */
+        {128, {"warpmask dense causal sq<sk gqa", false, 2, 97, 200, 4, 2, 128, 128, 1, -1, -1, 0, 0, {}, {}}, 6},
+        {128, {"warpmask dense causal sq>sk", true, 1, 200, 97, 2, 1, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 6},
+        {128, {"warpmask dense causal multi-block softcap", true, 1, 300, 300, 2, 1, 128, 128, 1, -1, -1, 8.0, 0, {}, {}}, 6},
+        {128, {"warpmask dense narrow window", false, 1, 300, 260, 2, 2, 128, 128, 0, 40, 10, 0, 0, {}, {}}, 6},
+        {128, {"warpmask dense left window only det", true, 1, 200, 330, 2, 1, 120, 128, 0, 70, -1, 0, 1, {}, {}}, 6},
+        {128, {"warpmask dense right window only", false, 1, 230, 200, 2, 1, 128, 128, 0, -1, 20, 0, 0, {}, {}}, 6},
+        {128, {"warpmask varlen causal", true, 5, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 0, {97, 200, 1, 0, 130}, {200, 97, 64, 5, 130}}, 6},
+        {128, {"warpmask varlen window softcap", false, 3, 0, 0, 2, 1, 120, 128, 0, 20, 5, 8.0, 0, {5, 130, 64}, {17, 100, 64}}, 6},
+        {128, {"warpmask pairs dense causal gqa odd blocks", false, 1, 300, 330, 4, 2, 128, 120, 1, -1, -1, 0, 0, {}, {}}, 7},
+        {128, {"warpmask pairs varlen causal", true, 4, 0, 0, 2, 1, 128, 128, 1, -1, -1, 0, 0, {0, 300, 97, 9}, {12, 0, 390, 200}}, 7},
+        {64, {"warpmask dense causal sq<sk gqa", false, 2, 97, 200, 4, 2, 64, 64, 1, -1, -1, 0, 0, {}, {}}, 5},
+        {64, {"warpmask dense causal sq>sk softcap", true, 1, 200, 97, 2, 1, 64, 56, 1, -1, -1, 8.0, 0, {}, {}}, 5},
+        {64, {"warpmask dense narrow window", true, 1, 300, 260, 2, 2, 64, 64, 0, 40, 10, 0, 0, {}, {}}, 5},
+        {64, {"warpmask dense left window only", false, 1, 200, 330, 2, 1, 64, 64, 0, 70, -1, 0, 0, {}, {}}, 5},
+        {64, {"warpmask varlen right window only det", false, 3, 0, 0, 2, 1, 64, 64, 0, -1, 20, 0, 1, {97, 200, 1}, {200, 97, 64}}, 5},
+        {64, {"warpmask pairs dense causal", false, 1, 300, 330, 2, 1, 64, 64, 1, -1, -1, 0, 0, {}, {}}, 6},
+        {64, {"warpmask pairs varlen causal fp16", false, 3, 0, 0, 2, 1, 64, 64, 1, -1, -1, 0, 0, {390, 1, 129}, {390, 64, 300}}, 6},
     };
     int failures = 0, n = 0;
     for (size_t i = 0; i < cases.size(); ++i) {
