@@ -63,6 +63,7 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdEarlyK | kFwdRescaleFirst>>("d128 default compact rsfirst"),
         variant<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs>>("d128 default compact latek"),
         variant<Sm80FwdTiles<128, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdHalfS | kFwdKvRing>>("d128 w4 mt2 n64 lazy halfs ring pairs"),
+        variant<Sm80FwdTiles<128, 4, 2, 32, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdKvRing | kFwdRescaleFirst>>("d128 w4 mt2 n32 lazy ring pairs rsfirst"),
         variant<Sm80FwdTiles<128, 4, 2, 32>>("d128 w4 mt2 n32"),
         variant<Sm80FwdTiles<128, 4, 2, 64>>("d128 w4 mt2 n64"),
         variant<Sm80FwdTiles<128, 8, 1, 64>>("d128 w8 mt1 n64"),
@@ -85,6 +86,8 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdEarlyK>>("d64 default compact earlyk"),
         variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d64 default compact ring"),
         variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d64 default one pair"),
+        variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdRescaleFirst>>("d64 w4 mt2 n128 lazy rsfirst"),
+        variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing | kFwdRescaleFirst>>("d64 w4 mt2 n64 lazy ring rsfirst"),
         variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d64 w4 mt2 n64 lazy ring"),
         variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d64 w4 mt2 n96 lazy halfs"),
         variant<Sm80FwdTiles<64, 8, 1, 128, false, kFwdExp2Fma | kFwdLazyRescale>>("d64 w8 mt1 n128 lazy"),
@@ -101,7 +104,7 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<64, 8, 1, 64, true, kFwdExp2Fma | kFwdLazyRescale | kFwdSplitSoftcap | kFwdMoreCtas>>("d64 w8 mt1 n64 qreg exp2 lazy split 2cta"),
     };
     const int tokens = 16384, hidden = 2048;
-    const int seqlens[] = {1024, 2048, 4096, 8192, 16384};
+    const int seqlens[] = {512, 1024, 2048, 4096, 8192, 16384};
     printf("%-44s %6s %6s %9s %8s %10s\n", "variant", "seqlen", "causal", "ms", "TFLOPS", "maxdiff");
     for (int d : {128, 64}) {
         for (int s : seqlens) {
