@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d64 default compact ring"),
         variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d64 default one pair"),
         variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdRescaleFirst>>("d64 w4 mt2 n128 lazy rsfirst"),
-        variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing | kFwdRescaleFirst>>("d64 w4 mt2 n64 lazy ring rsfirst"),
+        variant<Sm80FwdTiles<64, 4, 2, 128, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS | kFwdKvRing>>("d64 default halfs"),
         variant<Sm80FwdTiles<64, 4, 2, 64, false, kFwdExp2Fma | kFwdLazyRescale | kFwdKvRing>>("d64 w4 mt2 n64 lazy ring"),
         variant<Sm80FwdTiles<64, 4, 2, 96, false, kFwdExp2Fma | kFwdLazyRescale | kFwdHalfS>>("d64 w4 mt2 n96 lazy halfs"),
         variant<Sm80FwdTiles<64, 8, 1, 128, false, kFwdExp2Fma | kFwdLazyRescale>>("d64 w8 mt1 n128 lazy"),

@@ -123,16 +123,16 @@ struct Sm80FwdTiles {
  * K/V buffer pairs", "D = 64 forward candidates", "O rescaled before the
  * exponentials"): 128 x 48 tiles with lazy rescaling, causal pairs, two K/V
  * buffer pairs and the O rescale before the exponentials at D = 128; 128 x
- * 128 with lazy rescaling, S in two halves and two K/V buffer pairs at D = 64.
+ * 64 with lazy rescaling, two K/V buffer pairs and the O rescale first at D
+ * = 64.
  * Unmeasured head dims keep the 64 / 32 key blocks that fit 255 registers
  * without spills. */
 constexpr int sm80_fwd_block_n(int d) {
-    return d == 64 ? 128 : d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
+    return d == 128 ? 48 : (d <= 64 || d == 192) ? 64 : 32;
 }
 constexpr int sm80_fwd_flags(int d) {
     return kFwdExp2Fma | ((d == 64 || d == 128) ? kFwdLazyRescale : 0) |
-           (d == 128 ? kFwdPairs | kFwdKvRing | kFwdRescaleFirst : 0) |
-           (d == 64 ? kFwdHalfS | kFwdKvRing : 0);
+           (d == 64 || d == 128 ? kFwdKvRing | kFwdRescaleFirst : 0) | (d == 128 ? kFwdPairs : 0);
 }
 
 /* The configuration each head dim runs with at 255 registers: no spills but
@@ -143,9 +143,9 @@ template <int D, int kExtraFlags = 0> struct Sm80FwdConfig
                    sm80_fwd_flags(D) | kExtraFlags> {};
 
 /* Where fewer than kMinBlocksPerSm CTAs of Sm80FwdConfig<D> fit on an SM
- * (the two K/V buffer pairs: D = 64 90 KB of shared memory a CTA, D = 128
- * 85 KB; two fit an H100 / H200 SM's 228 KB, not an A100's 164 KB or the
- * 100 KB of sm_86 / sm_89), the forward runs with Sm80FwdCompact<D>::type,
+ * (the two K/V buffer pairs: D = 64 54 KB of shared memory a CTA, two fit
+ * every SM but the 100 KB of sm_86 / sm_89; D = 128 85 KB, two fit an H100
+ * / H200 SM's 228 KB, not an A100's 164 KB), the forward runs with Sm80FwdCompact<D>::type,
  * one K/V buffer pair: D = 64 96-key blocks with the O rescale before the
  * exponentials (45 KB), D = 128 the early K load (60 KB). */
 template <int D> struct Sm80FwdCompact { using type = Sm80FwdConfig<D>; };

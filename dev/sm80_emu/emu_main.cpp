@@ -405,8 +405,8 @@ static bool run_fwd_variant(int D, int v, const Problem &pr, uint64_t seed) {
     if (D == 128 && v == 7) /* two K/V buffer pairs */
         return run_fwd<Sm80FwdTiles<128, 4, 2, 48, false, kFwdExp2Fma | kFwdLazyRescale | kFwdPairs | kFwdKvRing>>(pr, seed);
     if (D == 64 && v == 4) return run_fwd<Sm80FwdCompact<64>::type>(pr, seed);
-    if (D == 64 && v == 5) { /* SMs of an A100's 164 KB: the default falls back to Sm80FwdCompact */
-        emu::smem_per_sm = 164 * 1024;
+    if (D == 64 && v == 5) { /* SMs of sm_86's 100 KB: the default falls back to Sm80FwdCompact */
+        emu::smem_per_sm = 100 * 1024;
         const bool ok = run_fwd<Sm80FwdConfig<64>>(pr, seed);
         emu::smem_per_sm = 0;
         const bool compact = emu::last_fwd_smem == Sm80FwdCompact<64>::type::kSmemBytes;
