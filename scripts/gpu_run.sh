@@ -34,6 +34,7 @@
 #   TRAIN="train_llama.py args"   the end-to-end training benchmark (TRAIN_TIMEOUT s)
 #   TESTS_LATE="pytest args"  a last test run (slow ones, after the benchmarks)
 #   FLASH_ATTN_T_HEADDIMS / FLASH_ATTN_T_CUDA_ARCHS   restrict the build
+#   PROBE="fwd_timing_probe.py args"  scripts/fwd_timing_probe.py (PROBE_TIMEOUT s)
 #   SKIP_BUILD=1            dev tools only: no extension build, main, tests or benches
 #   CLOCK_LOG=1             sample SM clock, power and temperature every 100 ms into
 #                           logs/clocks.csv (step start/end times: logs/steps.txt)
@@ -181,6 +182,9 @@ if [ -n "${BENCH_PLAN:-}" ]; then
 fi
 if [ -n "${TRAIN:-}" ]; then
   TAIL=30 step train timeout ${TRAIN_TIMEOUT:-300} python3 benchmarks/train_llama.py --device cuda --out "$OUT/res" $TRAIN
+fi
+if [ -n "${PROBE+x}" ]; then
+  TAIL=40 step probe timeout ${PROBE_TIMEOUT:-120} python3 scripts/fwd_timing_probe.py $PROBE
 fi
 if [ -n "${TESTS_LATE:-}" ]; then
   TAIL=25 step tests_late timeout 240 python3 -m pytest -q -p no:cacheprovider $TESTS_LATE
