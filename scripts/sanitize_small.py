@@ -29,6 +29,7 @@ if __name__ == "__main__":
     run_dense(1, 97, 131, 4, 2, 64, causal=True)
     run_dense(1, 300, 520, 2, 1, 64)  # several key blocks of the D = 64 backward (128 keys each)
     run_dense(2, 130, 70, 2, 1, 128, window_size=(20, 5), softcap=5.0)
+    run_dense(1, 300, 300, 2, 2, 128, causal=True)  # D = 128 backward steps on the diagonal
     run_dense(1, 65, 65, 2, 2, 59, deterministic=True)
     run_dense(1, 33, 200, 2, 2, 256, causal=True)
     run_varlen([5, 130, 1, 77], 4, 1, 128, causal=True)
