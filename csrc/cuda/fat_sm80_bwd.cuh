@@ -160,9 +160,9 @@ struct BwdTiles {
  * (benchmarks/NOTES.md "sm80 backward").  D >= 192 single-buffers Q / dO
  * to fit an A100's shared memory; D = 32, 96 are unmeasured.  kWarpMask at
  * D = 128: +1-2 % at 1k-16k, causal and not, on an H100; -1 % at D = 64
- * (NOTES "Per-warp masks").  kSkipDead at D = 128 (NOTES "Dead warps
- * skipped"); it needs kSplitD > 1. */
-template <int D, bool kPairs = false, bool kWarpMask = D == 128, bool kSkipDead = D == 128>
+ * (NOTES "Per-warp masks").  kSkipDead (kSplitD > 1) is a bench variant,
+ * not yet measured (NOTES "Dead warps skipped"). */
+template <int D, bool kPairs = false, bool kWarpMask = D == 128, bool kSkipDead = false>
 struct BwdConfig
     : BwdTiles<D, D == 64 ? 4 : 8, (D == 64 || D == 128) ? 2 : 1, (D == 128 || D >= 192) ? 2 : 1,
                D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2, true, kPairs, kWarpMask,
