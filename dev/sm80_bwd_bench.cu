@@ -69,10 +69,8 @@ int main(int argc, char **argv) {
     const Variant variants[] = {
         variant<BwdConfig<128>>("d128 default"),
         variant<BwdConfig<128, true>>("d128 default pairs"),
-        variant<BwdConfig<128, false, false, false>>("d128 default no warpmask"),
-        variant<BwdConfig<128, true, false, false>>("d128 default pairs no warpmask"),
-        variant<BwdConfig<128, false, true, true>>("d128 default skipdead"),
-        variant<BwdConfig<128, true, true, true>>("d128 default pairs skipdead"),
+        variant<BwdConfig<128, false, false>>("d128 default no warpmask"),
+        variant<BwdConfig<128, true, false>>("d128 default pairs no warpmask"),
         variant<BwdCompact<128>::type>("d128 compact (A100)"),
         variant<BwdTiles<128, 8, 2, 2, 64, 1>>("d128 w8 k2 s2 m64 st1"),
         variant<BwdTiles<128, 8, 2, 4, 128, 2>>("d128 w8 k2 s4 m128 st2"),

@@ -103,16 +103,10 @@ constexpr int dq_chunk_cols(int span, int m_tiles) {
  * the steps that need a mask, each warp decides for its own tile whether
  * it needs one and, inside both sequence ends, compares compile-time
  * offsets with two per-thread limits (zero_masked_warp_tile), where
- * otherwise every warp tests every element (zero_masked).  kSkipDead
- * (kSplitD > 1): on a step that needs a mask, a warp whose S^T tile sees no
- * key-query pair skips its S^T and dP^T products (P^T, dS^T are zero), the
- * warps of keys no query of the step sees skip dV and dK, and the dQ
- * product runs over the k16 key slices some query sees; the results are
- * bitwise those without it (every skipped product adds zeros).  dq_kernel
+ * otherwise every warp tests every element (zero_masked).  dq_kernel
  * (deterministic mode) tiles depend on D only. */
 template <int D_, int kWarps_, int kKeyTiles_, int kSplitD_, int kBlockM_, int kStages_,
-          bool kOverlapScores_ = true, bool kPairs_ = false, bool kWarpMask_ = false,
-          bool kSkipDead_ = false>
+          bool kOverlapScores_ = true, bool kPairs_ = false, bool kWarpMask_ = false>
 struct BwdTiles {
     static constexpr int D = D_;
     /* dkdv_kernel */
@@ -126,7 +120,6 @@ struct BwdTiles {
     static constexpr bool kOverlapScores = kOverlapScores_;
     static constexpr bool kPairs = kPairs_;
     static constexpr bool kWarpMask = kWarpMask_;
-    static constexpr bool kSkipDead = kSkipDead_;
     static constexpr int kSTiles = kBlockM / kSplitD / 8; /* n8 tiles of S^T per key tile */
     static constexpr int kKvTiles = D / kSplitD / 8;      /* n8 tiles of dK, dV per key tile */
     static constexpr int kDqMTiles = D >= 128 ? 2 : 1;    /* m16 tiles per warp in dQ */
@@ -142,7 +135,6 @@ struct BwdTiles {
     static constexpr int kQStages = D >= 256 ? 1 : 2; /* K / V buffers */
 
     static_assert(kWarps % kSplitD == 0, "warps split evenly over key rows");
-    static_assert(!kSkipDead || kSplitD > 1, "kSkipDead: P^T, dS^T shared through shared memory");
     static_assert(kStages == 1 || kStages == 2, "single or double buffered");
     static_assert(kSTiles % 2 == 0 && kKvTiles % 2 == 0, "warp tiles are whole n16 pairs");
     static_assert(kDqWarpsM * 16 * kDqMTiles == kBlockM && kDqWarpsM * kDqWarpsD == kWarps,
@@ -160,13 +152,11 @@ struct BwdTiles {
  * (benchmarks/NOTES.md "sm80 backward").  D >= 192 single-buffers Q / dO
  * to fit an A100's shared memory; D = 32, 96 are unmeasured.  kWarpMask at
  * D = 128: +1-2 % at 1k-16k, causal and not, on an H100; -1 % at D = 64
- * (NOTES "Per-warp masks").  kSkipDead (kSplitD > 1) is a bench variant,
- * not yet measured (NOTES "Dead warps skipped"). */
-template <int D, bool kPairs = false, bool kWarpMask = D == 128, bool kSkipDead = false>
+ * (NOTES "Per-warp masks"). */
+template <int D, bool kPairs = false, bool kWarpMask = D == 128>
 struct BwdConfig
     : BwdTiles<D, D == 64 ? 4 : 8, (D == 64 || D == 128) ? 2 : 1, (D == 128 || D >= 192) ? 2 : 1,
-               D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2, true, kPairs, kWarpMask,
-               kSkipDead> {};
+               D <= 32 ? 128 : D == 64 ? 32 : 64, D >= 192 ? 1 : 2, true, kPairs, kWarpMask> {};
 
 /* Where BwdConfig<D> needs more shared memory than the device has (D = 128:
  * 177 KB, an A100 has 163 KB), the backward runs with BwdCompact<D>::type,
@@ -325,11 +315,6 @@ __device__ __forceinline__ int64_t flat_row_offset(const fat_params &p, int64_t 
 
 /* ---- per-sequence geometry and masking ------------------------------------ */
 
-/* Blocks [first, first + count) of block_size rows (or k16 key slices). */
-struct BlockRange {
-    int first, count;
-};
-
 struct Geometry {
     SeqInfo seq;
     int batch;       /* b for dense batches, 0 for varlen (batch strides ignored) */
@@ -355,26 +340,6 @@ struct Geometry {
         return k0 + nk > seq.sk || q0 + nq > seq.sq || k0 + nk - 1 - q0 > hi ||
                k0 - (q0 + nq - 1) < lo;
     }
-    /* Whether no element of keys [k0, k0 + nk) x queries [q0, q0 + nq) is
-     * visible. */
-    __device__ __forceinline__ bool none_visible(int k0, int nk, int q0, int nq) const {
-        const int k_last = min(k0 + nk, seq.sk) - 1, q_last = min(q0 + nq, seq.sq) - 1;
-        return k_last < k0 || q_last < q0 || (long long)k0 - q_last > hi ||
-               (long long)k_last - q0 < lo;
-    }
-    /* The k16 slices [first, end) of keys k0 + 16 i.. (i < slices) that a
-     * query of [q0, q0 + nq) sees: the others are invisible to all of them. */
-    __device__ __forceinline__ BlockRange seen_key_slices(int k0, int slices, int q0, int nq) const {
-        const long long q_last = min(q0 + nq, seq.sq) - 1;
-        const long long first = max((long long)k0, (long long)q0 + lo);
-        const long long end = min(min((long long)k0 + 16 * slices, (long long)seq.sk), q_last + hi + 1);
-        BlockRange r = {0, 0};
-        if (end > first) {
-            r.first = (int)((first - k0) / 16);
-            r.count = (int)((end - k0 + 15) / 16) - r.first;
-        }
-        return r;
-    }
 };
 
 __device__ __forceinline__ Geometry make_geometry(const BwdArgs &args, int b) {
@@ -389,6 +354,11 @@ __device__ __forceinline__ Geometry make_geometry(const BwdArgs &args, int b) {
     geo.lo = args.window_left < 0 ? INT_MIN : clamp_to_int(shift - args.window_left);
     return geo;
 }
+
+/* Blocks [first, first + count) of block_size rows. */
+struct BlockRange {
+    int first, count;
+};
 
 __device__ __forceinline__ BlockRange rows_to_blocks(long long lo, long long hi, int block_size) {
     BlockRange r = {0, 0};
@@ -1002,15 +972,13 @@ __device__ __forceinline__ void load_query_step(const BwdArgs &args, const Geome
 }
 
 /* acc[mt] (16 x 8 NTiles each) += dS K for the query rows m0 + 16 mt.. and
- * head-dim columns col0..: A = dS from the dS^T tile, B = K; over the k16
- * key slices of `slices` only (dS is zero in the others). */
+ * head-dim columns col0..: A = dS from the dS^T tile, B = K. */
 template <typename T, class Cfg, int MTiles, int NTiles>
 __device__ __forceinline__ void mma_dq(float (&acc)[MTiles][NTiles][4], uint32_t smem, int m0,
-                                       int col0, int lane, const BlockRange &slices) {
+                                       int col0, int lane) {
     using L = DkdvSmem<Cfg>;
 #pragma unroll
     for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks) {
-        if (ks < slices.first || ks >= slices.first + slices.count) continue;
         uint32_t a[MTiles][4];
 #pragma unroll
         for (int mt = 0; mt < MTiles; ++mt)
@@ -1030,12 +998,10 @@ __device__ __forceinline__ void mma_dq(float (&acc)[MTiles][NTiles][4], uint32_t
 
 /* dQ rows q0.. of head h += dS K (dS^T in shared memory), by atomicAdd:
  * whole C tiles by float4 atomics when the warp's rows are whole row groups
- * of dq_accum and all D columns are valid, element pairs otherwise; over
- * the key slices `slices` of the block. */
+ * of dq_accum and all D columns are valid, element pairs otherwise. */
 template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry &geo,
-                                             uint32_t smem, const DkdvWarp &w, int h, int q0,
-                                             const BlockRange &slices) {
+                                             uint32_t smem, const DkdvWarp &w, int h, int q0) {
     constexpr int D = Cfg::D, MT = Cfg::kDqMTiles, NT = Cfg::kDqChunk / 8;
     const int64_t row0 = geo.flat_q0 + q0 + w.dq_row0;
     const int row_limit = geo.seq.sq - q0 - w.dq_row0;
@@ -1048,7 +1014,7 @@ __device__ __forceinline__ void dkdv_step_dq(const BwdArgs &args, const Geometry
         float acc[MT][NT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) zero_c(acc[mt]);
-        mma_dq<T, Cfg>(acc, smem, w.dq_row0, col0, w.lane, slices);
+        mma_dq<T, Cfg>(acc, smem, w.dq_row0, col0, w.lane);
         if (whole) {
             dq_atomic_add_groups<D>(group_base, col0, acc);
         } else {
@@ -1156,15 +1122,16 @@ __device__ __forceinline__ void zero_masked_warp_tile(float (&p)[MTiles][NTiles]
 }
 
 /* dkdv_step_grads' P^T, dS^T (keys k0 + key_row0 + 16 mt.., queries q0 +
- * s_col0..) masked and packed to T: where `masked` (the CTA's block needs a
- * mask), each warp tile by zero_masked_warp_tile (kWarpMask) or each key
- * tile by zero_masked. */
+ * s_col0..) masked and packed to T: where the CTA's block needs a mask,
+ * each warp tile by zero_masked_warp_tile (kWarpMask) or each key tile by
+ * zero_masked. */
 template <typename T, class Cfg>
 __device__ __forceinline__ void dkdv_step_pack(
-    const Geometry &geo, const DkdvWarp &w, int k0, int q0, bool masked,
+    const Geometry &geo, const DkdvWarp &w, int k0, int q0,
     float (&s)[Cfg::kKeyTiles][Cfg::kSTiles][4], float (&dp)[Cfg::kKeyTiles][Cfg::kSTiles][4],
     uint32_t (&p_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2],
     uint32_t (&ds_packed)[Cfg::kKeyTiles][Cfg::kSTiles][2]) {
+    const bool masked = geo.tile_needs_mask(k0, Cfg::kBlockN, q0, Cfg::kBlockM);
     if (Cfg::kWarpMask && masked)
         zero_masked_warp_tile(s, dp, geo, k0 + w.key_row0, q0 + w.s_col0, w.lane);
 #pragma unroll
@@ -1193,44 +1160,24 @@ __device__ __forceinline__ void dkdv_step(const BwdArgs &args, const Geometry &g
     const uint32_t q = smem + L::kQ + buf * QTile::kBytes;
     const uint32_t dout = smem + L::kDout + buf * QTile::kBytes;
     const bool with_dq = !args.p.deterministic;
-    /* kSkipDead: this warp's S^T tile, and its keys against every query of
-     * the step, without a visible pair */
-    bool skip_masked = false, warp_dead = false, keys_dead = false;
-    BlockRange dq_slices = {0, Cfg::kBlockN / 16};
-    if constexpr (Cfg::kSkipDead) {
-        skip_masked = geo.tile_needs_mask(k0, Cfg::kBlockN, q0, BM);
-        if (skip_masked) {
-            warp_dead = geo.none_visible(k0 + w.key_row0, 16 * MT, q0 + w.s_col0, BM / Cfg::kSplitD);
-            keys_dead = geo.none_visible(k0 + w.key_row0, 16 * MT, q0, BM);
-            dq_slices = geo.seen_key_slices(k0, Cfg::kBlockN / 16, q0, BM);
-        }
-    }
 
     uint32_t p_packed[MT][ST][2], ds_packed[MT][ST][2];
     {
         float s[MT][ST][4], dp[MT][ST][4];
+        if constexpr (!Cfg::kOverlapScores)
+            dkdv_step_dp<T, Cfg>(smem, dout, w, dp, NoKstepWork{});
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) zero_c(s[mt]);
-        if (!warp_dead) {
-            if constexpr (!Cfg::kOverlapScores)
-                dkdv_step_dp<T, Cfg>(smem, dout, w, dp, NoKstepWork{});
-            mma_keys_a_bt<T, KvTile, QTile, D / 16>(s, smem + L::kK, w.key_row0, q, w.s_col0,
-                                                    w.lane);
-            const GradMath m = make_grad_math(args);
-            const float *lse_log2 = smem_f32 + L::kLse / 4 + buf * BM;
-            const float *dot = smem_f32 + L::kDot / 4 + buf * BM;
-            if (args.softcap)
-                dkdv_step_grads<T, Cfg, true>(m, smem, dout, lse_log2, dot, w, s, dp);
-            else
-                dkdv_step_grads<T, Cfg, false>(m, smem, dout, lse_log2, dot, w, s, dp);
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) zero_c(dp[mt]);
-        }
-        /* (a dead warp's P^T, dS^T are zero already) */
-        const bool masked = Cfg::kSkipDead ? skip_masked && !warp_dead
-                                           : geo.tile_needs_mask(k0, Cfg::kBlockN, q0, BM);
-        dkdv_step_pack<T, Cfg>(geo, w, k0, q0, masked, s, dp, p_packed, ds_packed);
+        mma_keys_a_bt<T, KvTile, QTile, D / 16>(s, smem + L::kK, w.key_row0, q, w.s_col0,
+                                                w.lane);
+        const GradMath m = make_grad_math(args);
+        const float *lse_log2 = smem_f32 + L::kLse / 4 + buf * BM;
+        const float *dot = smem_f32 + L::kDot / 4 + buf * BM;
+        if (args.softcap)
+            dkdv_step_grads<T, Cfg, true>(m, smem, dout, lse_log2, dot, w, s, dp);
+        else
+            dkdv_step_grads<T, Cfg, false>(m, smem, dout, lse_log2, dot, w, s, dp);
+        dkdv_step_pack<T, Cfg>(geo, w, k0, q0, s, dp, p_packed, ds_packed);
     }
     if constexpr (Cfg::kSplitD == 1) {
         if (with_dq)
@@ -1255,13 +1202,13 @@ __device__ __forceinline__ void dkdv_step(const BwdArgs &args, const Geometry &g
         __syncthreads();
         const KeysSharedA<DsTile> pt = {smem + L::kP, w.key_row0, w.lane};
         const KeysSharedA<DsTile> dst = {smem + L::kDs, w.key_row0, w.lane};
-        if (!keys_dead) mma_keys_a_b<T, QTile, BM / 16>(dv, pt, dout, w.kv_col0, w.lane);
-        if (with_dq) dkdv_step_dq<T, Cfg>(args, geo, smem, w, h, q0, dq_slices);
-        if (!keys_dead) mma_keys_a_b<T, QTile, BM / 16>(dk, dst, q, w.kv_col0, w.lane);
+        mma_keys_a_b<T, QTile, BM / 16>(dv, pt, dout, w.kv_col0, w.lane);
+        if (with_dq) dkdv_step_dq<T, Cfg>(args, geo, smem, w, h, q0);
+        mma_keys_a_b<T, QTile, BM / 16>(dk, dst, q, w.kv_col0, w.lane);
     }
     if (Cfg::kSplitD == 1 && with_dq) {
         __syncthreads(); /* dS^T of every warp */
-        dkdv_step_dq<T, Cfg>(args, geo, smem, w, h, q0, dq_slices);
+        dkdv_step_dq<T, Cfg>(args, geo, smem, w, h, q0);
     }
 }
 
