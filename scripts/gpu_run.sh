@@ -22,6 +22,11 @@
 #                           (scripts/profile_bwd.py; pipes, stall reasons, launch stats)
 #   NCU_FWD="fat:128:1024:0 fa2:128:1024:0"  the same for the forward kernel (flash_attn_t's
 #                           sm80 forward, FLASH_ATTN_T_BACKEND=sm80, or FlashAttention-2's)
+#   NCU_SDPA="cudnn:64:2048:1 fat:64:2048:1"  the same for the first attention forward kernel of
+#                           flash_attn_t (default path) or torch's SDPA (fa2, cudnn), launch
+#                           statistics and occupancy included (which grid, block, registers, smem)
+#   NCU_SM90_SOURCE="64x2048x1"  per-instruction warp-state samples (SASS) of the sm90a forward
+#                           at the NCU_SM90 shape syntax: logs/ncu_src_<shape>.csv
 #   BWD_KERNELS="64:1024:1 128:16384:0"  per-kernel CUDA times of one backward of both
 #                           (profile_bwd.py --kernels) at head dim:seqlen:causal
 #   SANITIZE=1              compute-sanitizer memcheck/racecheck/synccheck on
@@ -78,7 +83,7 @@ dev_build() {  # name source
     "$2" csrc/fat_common.c -o "/tmp/$1"
 }
 DEV_BUILDS=()  # their pids: the clock logger also runs in the background
-[ -n "${SM90_CHECK:-}${NCU_SM90:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & DEV_BUILDS+=($!); }
+[ -n "${SM90_CHECK:-}${NCU_SM90:-}${NCU_SM90_SOURCE:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & DEV_BUILDS+=($!); }
 [ -n "${SM80_FWD_BENCH:-}" ] && { dev_build sm80_fwd_bench dev/sm80_fwd_bench.cu & DEV_BUILDS+=($!); }
 [ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & DEV_BUILDS+=($!); }
 if [ -z "${SKIP_BUILD:-}" ]; then
@@ -138,6 +143,21 @@ for spec in ${NCU_FWD:-}; do
     --section LaunchStats --metrics "$PIPE_METRICS,$STALL_METRICS,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second" \
     -k regex:"sm80_fwd_kernel|flash_fwd_kernel" -c 1 \
     python3 scripts/profile_bwd.py --impl "$impl" --d "$d" --seqlen "$s" $( [ "$c" = 1 ] && echo --causal )
+done
+for spec in ${NCU_SDPA:-}; do
+  IFS=: read -r impl d s c <<< "$spec"
+  TAIL=3 step "ncu_sdpa_$impl${d}x${s}x$c" ncu --clock-control none $NCU_SECTIONS \
+    --section LaunchStats --metrics "$PIPE_METRICS,$STALL_METRICS,smsp__inst_executed.sum,sm__cycles_elapsed.avg.per_second" \
+    -k regex:"fprop|fwd|sdpa|flash|Fprop|attn" -c 1 \
+    python3 scripts/profile_bwd.py --impl "$impl" --d "$d" --seqlen "$s" $( [ "$c" = 1 ] && echo --causal )
+done
+for shape in ${NCU_SM90_SOURCE:-}; do
+  [ -x /tmp/sm90_check ] || continue
+  TAIL=3 step "ncu_src_run_$shape" ncu --clock-control none --section SourceCounters --section WarpStateStats \
+    --import-source no -o "/tmp/ncu_src_$shape" -f -k regex:fwd_kernel --launch-skip 1 -c 1 \
+    /tmp/sm90_check one ${shape//x/ }
+  TAIL=2 step "ncu_src_$shape" ncu -i "/tmp/ncu_src_$shape.ncu-rep" --page source --csv --print-source sass
+  mv "$LOGS/ncu_src_$shape.log" "$LOGS/ncu_src_$shape.csv"
 done
 for spec in ${BWD_KERNELS:-}; do
   IFS=: read -r d s c <<< "$spec"

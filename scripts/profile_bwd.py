@@ -2,8 +2,8 @@
 16k tokens, hidden 2048 (heads = 2048 / D), as the fa3 benchmark suite:
     ncu --clock-control none -k regex:dkdv -c 1 python3 scripts/profile_bwd.py
     python3 scripts/profile_bwd.py --impl fa2 --d 64 --seqlen 1024 --causal --kernels
---impl fat: flash_attn_t (FLASH_ATTN_T_BACKEND picks the path); fa2: torch
-SDPA's FLASH_ATTENTION backend.  --kernels prints the CUDA time of each
+--impl fat: flash_attn_t (FLASH_ATTN_T_BACKEND picks the path); fa2 / cudnn:
+torch SDPA's FLASH_ATTENTION / CUDNN_ATTENTION backend.  --kernels prints the CUDA time of each
 kernel of one backward (torch.profiler, averaged over --iters calls)."""
 import argparse
 
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--impl", choices=("fat", "fa2"), default="fat")
+    ap.add_argument("--impl", choices=("fat", "fa2", "cudnn"), default="fat")
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--causal", action="store_true")
@@ -31,8 +31,10 @@ def main():
         def forward():
             return flash_attn_t.attention(q, k, v, causal=args.causal)
     else:
+        backend = SDPBackend.FLASH_ATTENTION if args.impl == "fa2" else SDPBackend.CUDNN_ATTENTION
+
         def forward():
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(
                     q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                     is_causal=args.causal).transpose(1, 2)
