@@ -17,6 +17,8 @@
  *        /tmp/sm90_check thread-store  both, with O stored by threads, not TMA
  *        /tmp/sm90_check one D S [causal [variant]]   sm90_fwd (or variant
  *                                  number v of enum Variant) at one shape (for ncu)
+ *        /tmp/sm90_check table D [variant]   the timing table of sm90_fwd (or
+ *                                  variant v) only, no correctness (A/B builds)
  * Exit status 0 when every case passes.
  *
  * Layouts are the public ones (flash_attn_t.h); the output has 8 padding
@@ -614,6 +616,15 @@ int main(int argc, char **argv) {
         if (s < 1 || s > 16384 || v < 0 || v > (int)DEFAULT) return 1;
         return d == 64 ? run_one<64>(s, causal, (Variant)v) : d == 128 ? run_one<128>(s, causal, (Variant)v)
                : d == 256 ? run_one<256>(s, causal, (Variant)v) : 1;
+    }
+    if (argc > 2 && strcmp(argv[1], "table") == 0) { /* table D [variant] */
+        const int d = atoi(argv[2]), v = argc > 3 ? atoi(argv[3]) : (int)DEFAULT;
+        if (v < 0 || v > (int)DEFAULT) return 1;
+        if (d == 64) bench<64>((Variant)v);
+        else if (d == 128) bench<128>((Variant)v);
+        else if (d == 256) bench<256>((Variant)v);
+        else return 1;
+        return 0;
     }
     /* sm90_fwd itself (wide blocks where no edge, else the default) on every case */
     check_list<__nv_bfloat16, 128>(cases_main(128), DEFAULT);

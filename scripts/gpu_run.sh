@@ -5,6 +5,11 @@
 #   SM90_CHECK=1            build and run dev/sm90_fwd_check.cu (standalone; SM90_CHECK_TIMEOUT s)
 #   SM90_CHECK_MODES="full thread-store"  one check run per mode (full = no argument;
 #                           default: one run with SM90_CHECK_ARGS)
+#   SM90_TABLES="64:5 128"  dev check timing tables (head dim[:variant number of its enum];
+#                           default sm90_fwd) of the tree's build and of each SM90_AB build,
+#                           interleaved per table: logs/sm90_tables.log
+#   SM90_AB="ab/base ab/A"  extra dev check builds, each with the files of that folder copied
+#                           over csrc/cuda (A/B timings of a kernel change in one call)
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
@@ -83,7 +88,15 @@ dev_build() {  # name source
     "$2" csrc/fat_common.c -o "/tmp/$1"
 }
 DEV_BUILDS=()  # their pids: the clock logger also runs in the background
-[ -n "${SM90_CHECK:-}${NCU_SM90:-}${NCU_SM90_SOURCE:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & DEV_BUILDS+=($!); }
+[ -n "${SM90_CHECK:-}${NCU_SM90:-}${NCU_SM90_SOURCE:-}${SM90_TABLES:-}" ] && { dev_build sm90_check dev/sm90_fwd_check.cu & DEV_BUILDS+=($!); }
+ab_build() {  # folder: csrc with its files over csrc/cuda -> /tmp/sm90_check_<folder name>
+  local name root
+  name=$(basename "$1"); root=/tmp/ab_$name
+  rm -rf "$root"; mkdir -p "$root"; cp -r csrc "$root/"; cp "$1"/* "$root/csrc/cuda/"
+  step "sm90_check_${name}_build" nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I"$root/csrc" \
+    dev/sm90_fwd_check.cu "$root/csrc/fat_common.c" -o "/tmp/sm90_check_$name"
+}
+for dir in ${SM90_AB:-}; do ab_build "$dir" & DEV_BUILDS+=($!); done
 [ -n "${SM80_FWD_BENCH:-}" ] && { dev_build sm80_fwd_bench dev/sm80_fwd_bench.cu & DEV_BUILDS+=($!); }
 [ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & DEV_BUILDS+=($!); }
 if [ -z "${SKIP_BUILD:-}" ]; then
@@ -116,6 +129,16 @@ if [ -n "${SM90_CHECK:-}" ] && [ -x /tmp/sm90_check ]; then
     done
   fi
 fi
+sm90_tables() {
+  local spec bin dir
+  for spec in $SM90_TABLES; do
+    for bin in /tmp/sm90_check $(for dir in ${SM90_AB:-}; do echo "/tmp/sm90_check_$(basename "$dir")"; done); do
+      echo "### $bin table ${spec/:/ }"
+      [ -x "$bin" ] && timeout 60 "$bin" table ${spec/:/ }
+    done
+  done
+}
+[ -n "${SM90_TABLES:-}" ] && TAIL=0 step sm90_tables sm90_tables
 NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 if [ -n "${NCU:-}" ]; then
   [ -x /tmp/sm80_fwd_bench ] && TAIL=3 step ncu_fwd ncu --clock-control none $NCU_SECTIONS \

@@ -372,14 +372,23 @@ __device__ __forceinline__ void make_scores(float (&s)[C::kBlockN / 2], const Fw
         if (a.window_right >= 0 && row + t.shift + a.window_right + 1 < hi)
             hi = row + t.shift + a.window_right + 1;
         const int64_t lo = a.window_left >= 0 ? row + t.shift - a.window_left : 0;
-        const int lo_rel = clamp_to(lo - first, 0, BN), hi_rel = clamp_to(hi - first, 0, BN);
+        /* column 8 blk + 2 t4 + e is visible iff lo_t <= 8 blk + e < hi_t:
+         * one compare with an immediate per edge and element */
+        const int lo_t = clamp_to(lo - first, 0, BN) - 2 * ln.t4;
+        const int hi_t = clamp_to(hi - first, 0, BN) - 2 * ln.t4;
+        if (a.window_left < 0) { /* lo = 0: no left edge (causal, right windows, sk) */
 #pragma unroll
-        for (int blk = 0; blk < BN / 8; ++blk)
+            for (int blk = 0; blk < BN / 8; ++blk)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int col = 8 * blk + 2 * ln.t4 + e;
-                if (col < lo_rel || col >= hi_rel) s[4 * blk + 2 * half + e] = -INFINITY;
-            }
+                for (int e = 0; e < 2; ++e)
+                    if (8 * blk + e >= hi_t) s[4 * blk + 2 * half + e] = -INFINITY;
+        } else {
+#pragma unroll
+            for (int blk = 0; blk < BN / 8; ++blk)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (8 * blk + e < lo_t || 8 * blk + e >= hi_t) s[4 * blk + 2 * half + e] = -INFINITY;
+        }
     }
 }
 
