@@ -50,12 +50,13 @@
  * "persistent": one CTA per SM running jobs in cta_tile's order ("carry":
  * with the next tile's first S under the epilogue, FwdConfig::kCarryS);
  * "3wg": three consumer warpgroups (192-row tiles, D = 64 only); "4wg": four
- * (256-row tiles on 64-key blocks, D = 64 only). */
+ * (256-row tiles on 64-key blocks, D = 64 only); "ones": the row sums from
+ * the P V GEMM (FwdConfig::kSumByMma, D = 64 only). */
 enum Variant {
     SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
     TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST,
     OVERLAP_PERSIST_CARRY, PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY, QUAD_PINGPONG_PERSIST,
-    QUAD_PINGPONG_PERSIST_CARRY, DEFAULT
+    QUAD_PINGPONG_PERSIST_CARRY, PINGPONG_PERSIST_ONES, WIDE_PERSIST_ONES, TRIPLE_PINGPONG_PERSIST_ONES, DEFAULT
 };
 static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpong", "pingpong wide",
                                       "overlap persistent", "pingpong persistent", "pingpong wide persistent",
@@ -63,7 +64,8 @@ static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpon
                                       "3wg pingpong persistent", "overlap persistent carry",
                                       "pingpong persistent carry", "3wg pingpong persistent carry",
                                       "4wg BN64 pingpong persistent", "4wg BN64 pingpong persistent carry",
-                                      "default (sm90_fwd)"};
+                                      "pingpong persistent ones", "pingpong n192 persistent ones",
+                                      "3wg pingpong persistent ones", "default (sm90_fwd)"};
 static const char *variant_name(Variant v, int d) {
     if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
     if (v == WIDE_PERSIST) return d == 128 ? "pingpong n176 persistent" : "pingpong n192 persistent";
@@ -82,7 +84,8 @@ static const std::vector<Variant> persistent_128 = {OVERLAP_PERSIST, PINGPONG_PE
 static const std::vector<Variant> persistent_64 = {OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
                                                    TRIPLE_PINGPONG_PERSIST, OVERLAP_PERSIST_CARRY,
                                                    PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY,
-                                                   QUAD_PINGPONG_PERSIST, QUAD_PINGPONG_PERSIST_CARRY};
+                                                   QUAD_PINGPONG_PERSIST, QUAD_PINGPONG_PERSIST_CARRY,
+                                                   PINGPONG_PERSIST_ONES, WIDE_PERSIST_ONES, TRIPLE_PINGPONG_PERSIST_ONES};
 static const std::vector<Variant> persistent_256 = {PINGPONG_PERSIST};
 
 struct Case {
@@ -278,6 +281,14 @@ template <int D> struct VariantConfig<D, QUAD_PINGPONG_PERSIST> { using C = FwdC
 template <int D> struct VariantConfig<D, QUAD_PINGPONG_PERSIST_CARRY> {
     using C = FwdConfig<D, 64, 3, true, true, true, 4, true>;
 };
+/* "ones": the row sums from the P V GEMM (kSumByMma), D = 64 only */
+template <int D> struct VariantConfig<D, PINGPONG_PERSIST_ONES> {
+    using C = FwdConfig<D, 128, 3, true, true, true, 2, false, true>;
+};
+template <int D> struct VariantConfig<D, WIDE_PERSIST_ONES> { using C = FwdConfig<D, 192, 3, true, true, true, 2, false, true>; };
+template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_PERSIST_ONES> {
+    using C = FwdConfig<D, 128, 2, true, true, true, 3, false, true>;
+};
 
 /* "thread-store" on the command line: O leaves by 16-byte thread stores
  * instead of TMA stores in every variant but the default (FwdArgs::o_tma). */
@@ -375,6 +386,10 @@ template <typename T, int D> static fat_status run_variant(Variant v, const fat_
         if (v == QUAD_PINGPONG_PERSIST) return launch_prepared<T, D, QUAD_PINGPONG_PERSIST>(p, time_it, ms);
         if (v == QUAD_PINGPONG_PERSIST_CARRY)
             return launch_prepared<T, D, QUAD_PINGPONG_PERSIST_CARRY>(p, time_it, ms);
+        if (v == PINGPONG_PERSIST_ONES) return launch_prepared<T, D, PINGPONG_PERSIST_ONES>(p, time_it, ms);
+        if (v == WIDE_PERSIST_ONES) return launch_prepared<T, D, WIDE_PERSIST_ONES>(p, time_it, ms);
+        if (v == TRIPLE_PINGPONG_PERSIST_ONES)
+            return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST_ONES>(p, time_it, ms);
     }
     if constexpr (D != 256) {
         if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);

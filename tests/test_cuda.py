@@ -48,6 +48,20 @@ def test_varlen_very_uneven(dtype, causal):
     check_case(*make_varlen(lens_q, lens_k, 4, 2, 64, dtype=dtype, device="cuda"), causal=causal)
 
 
+@pytest.mark.parametrize("dtype", LOWP, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_row_maxima_rising_along_the_keys(dtype, causal, D):
+    # keys scaled up along the sequence: each row's max grows by far more
+    # than 2^8 from key block to key block, so kernels that rescale O only
+    # when a max moves that much (the sm80 and sm90a forwards) rebase often;
+    # with fp16, a kernel that never rebased would overflow p
+    q, k, v, dout = make(1, 900, 1000, 2, 1, D, dtype=dtype, device="cuda")
+    ramp = torch.linspace(1.0, 4.0, k.shape[1], device="cuda").view(1, -1, 1, 1)
+    k = (k.float() * ramp).to(dtype)
+    check_case(q, k, v, dout, causal=causal, softmax_scale=4.0 / D ** 0.5)
+
+
 def test_many_heads_and_batches():
     # grid decoding of (query block, head, sequence) over many CTAs
     check_case(*make(9, 130, 70, 24, 3, 64, dtype=torch.bfloat16, device="cuda"), causal=True)

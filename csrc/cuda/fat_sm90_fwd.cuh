@@ -14,7 +14,8 @@
  *   warpgroups 1.. (consumers, 240 registers with two, 160 / 112 with three / four): each
  *     owns 64 query rows.
  *     S = Q K^T (wgmma, both operands in shared memory), softcap / mask,
- *     online softmax on raw scores (one FFMA + ex2.approx per element), P
+ *     online softmax on raw scores (one FFMA + ex2.approx per element; O
+ *     rescaled only when a row's max grew by more than 2^8), P
  *     (fp16/bf16 in registers) and O += P V (wgmma, A from registers, V read
  *     N-major); finally O / l through shared memory (the O buffer, or the
  *     dead Q rows of the warpgroup) to global by TMA store (16-byte thread
@@ -32,7 +33,8 @@
  * Key blocks that no query row of the CTA sees are skipped; element masks
  * run only on blocks that cross sk or a window/causal edge.
  *
- * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent, kConsumers, kCarryS>,
+ * Variants (FwdConfig<D, kBlockN, kStages, kOverlap, kPingPong, kPersistent, kConsumers, kCarryS,
+ * kSumByMma>,
  * timed side by side by dev/sm90_fwd_check.cu; FwdDefault picks the default):
  *   kOverlap : FA3's intra-warpgroup overlap: issue S_{j+1}, rescale O, issue
  *              P_j V_j, wait for S_{j+1} only and run its softmax while P_j V_j
@@ -47,7 +49,11 @@
  *              during the epilogue;
  *   kCarryS:   (persistent, two Q buffers and an O buffer) the first S of
  *              tile t + 1 is issued before the epilogue of tile t, which
- *              then runs while that GEMM is on the tensor cores.
+ *              then runs while that GEMM is on the tensor cores;
+ *   kSumByMma: (D = 64) P V is m64n72: its last 8 columns read a shared
+ *              panel of ones (V's "second panel" through the descriptor's
+ *              LBO), so the row sums accumulate on the tensor cores,
+ *              rescaled with O, instead of 64 FADDs per thread and block.
  */
 #pragma once
 
@@ -69,18 +75,23 @@ namespace sm90 {
  * stages, the scheduling flags described at the top and the number of
  * consumer warpgroups. */
 template <int D, int BN, int Stages, bool Overlap, bool PingPong, bool Persistent = false, int Consumers = 2,
-          bool CarryS = false>
+          bool CarryS = false, bool SumByMma = false>
 struct FwdConfig {
     static_assert(D == 64 || D == 128 || D == 256, "sm90 forward compiles head dims 64, 128, 256");
     static_assert(BN % 16 == 0 && BN <= 256, "key block: k16 steps of P V, one TMA box");
     static_assert(!PingPong || Overlap, "ping-pong is built on the overlapped loop");
     static_assert(Consumers >= 2 && Consumers <= 4, "two to four consumer warpgroups");
+    static_assert(!SumByMma || D == 64, "the ones panel is reached as the second 64-column panel of V");
     static constexpr int kD = D;
     static constexpr int kConsumers = Consumers;
     static constexpr int kBlockM = 64 * Consumers; /* query rows: 64 per consumer warpgroup */
     static constexpr int kBlockN = BN;
     static constexpr int kStages = Stages;
     static constexpr bool kOverlap = Overlap, kPingPong = PingPong, kPersistent = Persistent, kCarryS = CarryS;
+    /* kSumByMma: the row sums come out of the P V GEMM as 8 more columns
+     * (N = D + 8) read from a panel of ones, rescaled with O (no FADDs) */
+    static constexpr bool kSumByMma = SumByMma;
+    static constexpr int kOCols = D + (SumByMma ? 8 : 0); /* accumulator columns of O */
     static constexpr int kPanels = D / 64;
     static constexpr int kThreads = 128 * (Consumers + 1);
     /* setmaxnreg: the CTA starts with kEntryRegs per thread (64K over its
@@ -98,10 +109,11 @@ struct FwdConfig {
     static constexpr uint32_t kKVPanelBytes = kBlockN * 128;
     static constexpr uint32_t kQBytes = kQPanelBytes * kPanels;
     static constexpr uint32_t kKVBytes = kKVPanelBytes * kPanels; /* one K or one V block */
+    static constexpr uint32_t kOnesBytes = SumByMma ? kKVPanelBytes : 0; /* kBlockN rows of ones */
     /* q_full, q_empty: 2 slots each; 4 barriers per stage; then the pin slots */
     static constexpr uint32_t kBarrierBytes = 8 * (4 + 4 * kStages) + 128 * Consumers * 4;
     /* + 1024: the dynamic window is aligned up by hand */
-    static constexpr int kOneQSmemBytes = kQBytes + 2 * kStages * kKVBytes + kBarrierBytes + 1024;
+    static constexpr int kOneQSmemBytes = kQBytes + 2 * kStages * kKVBytes + kOnesBytes + kBarrierBytes + 1024;
     static constexpr int kSmemLimit = 227 * 1024;
     /* persistent CTAs keep two Q buffers where shared memory allows: the
      * next tile's Q loads while this tile runs (not at D = 256 or BN176) */
@@ -146,7 +158,8 @@ struct FwdArgs {
 };
 
 /* The shared-memory window of one CTA: the kQBuffers Q buffers, the O
- * buffer (kOBuffers), then (k, v) of stage 0, 1, ..., then the barriers. */
+ * buffer (kOBuffers), then (k, v) of stage 0, 1, ..., the ones panel
+ * (kSumByMma), then the barriers. */
 template <class C> struct FwdSmem {
     uint8_t *q_base;
     float *pin; /* 128 kConsumers floats: pin_before_wait's slots */
@@ -157,7 +170,7 @@ template <class C> struct FwdSmem {
 
     __device__ explicit FwdSmem(uint8_t *raw) {
         q_base = (uint8_t *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
-        q_full = (uint64_t *)(k(0) + 2 * C::kStages * C::kKVBytes);
+        q_full = (uint64_t *)(ones() + C::kOnesBytes);
         q_empty = q_full + 2;
         k_full = q_empty + 2;
         v_full = k_full + C::kStages;
@@ -172,6 +185,7 @@ template <class C> struct FwdSmem {
         return q_base + (C::kQBuffers + C::kOBuffers) * C::kQBytes + stage * 2 * C::kKVBytes;
     }
     __device__ uint8_t *v(int stage) const { return k(stage) + C::kKVBytes; }
+    __device__ uint8_t *ones() const { return k(0) + 2 * C::kStages * C::kKVBytes; }
 };
 
 /* What one CTA computes: rows [m0, m0 + kBlockM) of sequence b, head h, against
@@ -340,14 +354,17 @@ __device__ __forceinline__ void issue_qk(float (&s)[C::kBlockN / 2], uint32_t q_
 }
 
 /* o += P V: issue and commit only.  p[kk] is the A fragment of keys 16kk.. */
+/* With kSumByMma the ones panel is V's second 64-column panel: LBO = its
+ * distance from the stage's V, ones_addr - v_addr. */
 template <typename T, class C>
-__device__ __forceinline__ void issue_pv(float (&o)[C::kD / 2], uint32_t (&p)[C::kBlockN / 16][4],
-                                         uint32_t v_addr) {
+__device__ __forceinline__ void issue_pv(float (&o)[C::kOCols / 2], uint32_t (&p)[C::kBlockN / 16][4],
+                                         uint32_t v_addr, uint32_t ones_addr) {
+    const uint32_t panel_stride = C::kSumByMma ? ones_addr - v_addr : C::kKVPanelBytes;
     reg_fence(o);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-        Wgmma<C::kD>::template rs_mn<T>(o, p[kk], desc_mn_major(v_addr + kk * 16 * 128, C::kKVPanelBytes), 1);
+        Wgmma<C::kOCols>::template rs_mn<T>(o, p[kk], desc_mn_major(v_addr + kk * 16 * 128, panel_stride), 1);
     wgmma_commit();
 }
 
@@ -392,11 +409,18 @@ __device__ __forceinline__ void make_scores(float (&s)[C::kBlockN / 2], const Fw
     }
 }
 
+/* A row's reference max moves only when the block's max exceeds it by more
+ * than kRebaseSlack (log2 units): p = exp2(x * scale - m) then stays below
+ * 2^8, and O (and l) are rescaled only in the blocks where some row moved,
+ * which after the first block is rare. */
+constexpr float kRebaseSlack = 8.f;
+
 /* Online softmax over one block of x (log2 score = x * scale, scale > 0):
- * updates the row max m (log2 units) and this thread's partial row sum l,
- * turns s into exp2(x * scale - m) (one FFMA and one MUFU.EX2 per element)
- * and returns the factor alpha the accumulator rows must be scaled by. */
-template <int BN>
+ * updates the reference max m (log2 units) and (kSum) this thread's partial
+ * row sum l, turns s into exp2(x * scale - m) (one FFMA and one MUFU.EX2
+ * per element) and returns the factor alpha the accumulator rows must be
+ * scaled by (1 where m stayed). */
+template <int BN, bool kSum>
 __device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2], float (&l)[2],
                                                float (&alpha)[2], float scale) {
 #pragma unroll
@@ -405,10 +429,12 @@ __device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2]
 #pragma unroll
         for (int blk = 0; blk < BN / 8; ++blk)
             mx = fmaxf(mx, fmaxf(s[4 * blk + 2 * half], s[4 * blk + 2 * half + 1]));
-        mx = fmaxf(m[half], quad_max(mx) * scale);
-        const float base = mx == -INFINITY ? 0.f : mx; /* a row that saw nothing yet */
-        alpha[half] = exp2_approx(m[half] - base);
-        m[half] = mx;
+        mx = quad_max(mx) * scale;
+        /* m = -inf (nothing seen yet) moves to any finite max, alpha = 0 */
+        const bool rebase = mx > m[half] + kRebaseSlack;
+        alpha[half] = rebase ? exp2_approx(m[half] - mx) : 1.f;
+        if (rebase) m[half] = mx;
+        const float base = m[half] == -INFINITY ? 0.f : m[half]; /* a row that saw nothing yet */
         float sum = 0.f;
 #pragma unroll
         for (int blk = 0; blk < BN / 8; ++blk)
@@ -416,9 +442,9 @@ __device__ __forceinline__ void softmax_update(float (&s)[BN / 2], float (&m)[2]
             for (int e = 0; e < 2; ++e) {
                 float &x = s[4 * blk + 2 * half + e];
                 x = exp2_approx(fmaf(x, scale, -base));
-                sum += x;
+                if (kSum) sum += x;
             }
-        l[half] = l[half] * alpha[half] + sum;
+        if (kSum) l[half] = l[half] * alpha[half] + sum;
     }
 }
 
@@ -430,6 +456,12 @@ template <int D> __device__ __forceinline__ void scale_rows(float (&o)[D / 2], c
         o[4 * blk + 2] *= f[1];
         o[4 * blk + 3] *= f[1];
     }
+}
+
+/* O's rows by softmax_update's alpha, skipped (one warp-uniform branch)
+ * when no row of the warp moved its reference max. */
+template <int D> __device__ __forceinline__ void rescale_o(float (&o)[D / 2], const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) scale_rows<D>(o, alpha);
 }
 
 /* P as wgmma A fragments: k-step kk takes score columns 16kk..16kk+15. */
@@ -466,9 +498,10 @@ template <class C> __device__ __forceinline__ void turn_pass(const Lane &ln) {
 
 /* ---- consumer main loops ------------------------------------------------------------ */
 
-/* Running state of one consumer thread: 2 rows (g and g + 8 of its warp). */
-template <int D> struct RowState {
-    float o[D / 2];
+/* Running state of one consumer thread: 2 rows (g and g + 8 of its warp);
+ * o has kOCols columns, l is the partial row sum (unused with kSumByMma). */
+template <class C> struct RowState {
+    float o[C::kOCols / 2];
     float m[2], l[2];
 };
 
@@ -476,10 +509,10 @@ template <int D> struct RowState {
  * fences keep the compiler from sinking the exp2s below a wgmma wait. */
 template <class C>
 __device__ __forceinline__ void scores_softmax(float (&sc)[C::kBlockN / 2], float (&alpha)[2],
-                                               RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
+                                               RowState<C> &st, const FwdArgs &a, const FwdTile &t,
                                                const Lane &ln, int n) {
     make_scores<C>(sc, a, t, ln, n);
-    softmax_update<C::kBlockN>(sc, st.m, st.l, alpha, a.exp_scale);
+    softmax_update<C::kBlockN, !C::kSumByMma>(sc, st.m, st.l, alpha, a.exp_scale);
     reg_fence(sc);
     reg_fence2(st.l, alpha);
 }
@@ -487,16 +520,29 @@ __device__ __forceinline__ void scores_softmax(float (&sc)[C::kBlockN / 2], floa
 /* ptxas schedules a wgmma wait as early as it may, and it may run before
  * the softmax that precedes it in the source (the fences above only order
  * the compiler's IR): then the exp2s wait for P V and the overlap is lost.
- * A shared-memory store of a value that depends on every exp2 (the row
- * sums) stays before the wait, and so must they.  The slot is never read. */
-__device__ __forceinline__ void pin_before_wait(float *pin, const Lane &ln, const float (&l)[2]) {
-    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_u32(pin + ln.wg * 128 + ln.tid)), "f"(l[0] + l[1])
-                 : "memory");
+ * A shared-memory store of a value that depends on every exp2 stays before
+ * the wait, and so must they: the row sums, or (kSumByMma, no sums) an XOR
+ * of the exponentials' bits (three-input LOP3s).  The slot is never read. */
+template <class C>
+__device__ __forceinline__ void pin_before_wait(float *pin, const Lane &ln, const RowState<C> &st,
+                                                const float (&p)[C::kBlockN / 2]) {
+    uint32_t dep;
+    if constexpr (C::kSumByMma) {
+        uint32_t part[8] = {}; /* eight short chains, then their XOR */
+#pragma unroll
+        for (int i = 0; i < C::kBlockN / 2; ++i) part[i % 8] ^= __float_as_uint(p[i]);
+        dep = part[0];
+#pragma unroll
+        for (int j = 1; j < 8; ++j) dep ^= part[j];
+    } else {
+        dep = __float_as_uint(st.l[0] + st.l[1]);
+    }
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_u32(pin + ln.wg * 128 + ln.tid)), "r"(dep) : "memory");
 }
 
 /* v1: each block's GEMMs and softmax in sequence. */
 template <typename T, class C>
-__device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t,
+__device__ void mainloop_serial(RowState<C> &st, const FwdArgs &a, const FwdTile &t,
                                 const FwdSmem<C> &sm, const uint8_t *q, const Lane &ln, int it0) {
     constexpr int BN = C::kBlockN;
     const uint32_t q_addr = smem_u32(q) + ln.wg * 64 * 128;
@@ -511,10 +557,10 @@ __device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const Fwd
         reg_fence(sc);
         release_stage(&sm.k_empty[s], ln);
         scores_softmax<C>(sc, alpha, st, a, t, ln, n);
-        scale_rows<C::kD>(st.o, alpha);
+        rescale_o<C::kOCols>(st.o, alpha);
         pack_p<T, BN>(p, sc);
         mbar_wait(&sm.v_full[s], parity);
-        issue_pv<T, C>(st.o, p, smem_u32(sm.v(s)));
+        issue_pv<T, C>(st.o, p, smem_u32(sm.v(s)), smem_u32(sm.ones()));
         wgmma_wait<0>();
         reg_fence(st.o);
         reg_fence(p);
@@ -528,7 +574,7 @@ __device__ void mainloop_serial(RowState<C::kD> &st, const FwdArgs &a, const Fwd
  * release V_j and convert P_{j+1}.  kS0Issued: the first S is already on
  * its way into sc (issue_first_s, under the previous tile's epilogue). */
 template <typename T, class C, bool kS0Issued>
-__device__ void mainloop_overlap(RowState<C::kD> &st, float (&sc)[C::kBlockN / 2], const FwdArgs &a,
+__device__ void mainloop_overlap(RowState<C> &st, float (&sc)[C::kBlockN / 2], const FwdArgs &a,
                                  const FwdTile &t, const FwdSmem<C> &sm, const uint8_t *q, const Lane &ln,
                                  int it0) {
     constexpr int BN = C::kBlockN;
@@ -559,15 +605,15 @@ __device__ void mainloop_overlap(RowState<C::kD> &st, float (&sc)[C::kBlockN / 2
         mbar_wait(&sm.k_full[next], next_parity);
         if (kPingPong) turn_wait<C>(ln);
         issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(next)));
-        scale_rows<C::kD>(st.o, alpha);
+        rescale_o<C::kOCols>(st.o, alpha);
         mbar_wait(&sm.v_full[cur], cur_parity);
-        issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)));
+        issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)), smem_u32(sm.ones()));
         if (kPingPong) turn_pass<C>(ln);
         wgmma_wait<1>(); /* S of block n is done, P_j V_j may still run */
         reg_fence(sc);
         release_stage(&sm.k_empty[next], ln);
         scores_softmax<C>(sc, alpha, st, a, t, ln, n);
-        pin_before_wait(sm.pin, ln, st.l);
+        pin_before_wait<C>(sm.pin, ln, st, sc);
         wgmma_wait<0>();
         reg_fence(st.o);
         reg_fence(p);
@@ -576,10 +622,10 @@ __device__ void mainloop_overlap(RowState<C::kD> &st, float (&sc)[C::kBlockN / 2
     }
 
     const int cur = it % C::kStages;
-    scale_rows<C::kD>(st.o, alpha);
+    rescale_o<C::kOCols>(st.o, alpha);
     mbar_wait(&sm.v_full[cur], (uint32_t)(it / C::kStages) & 1);
     if (kPingPong) turn_wait<C>(ln);
-    issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)));
+    issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)), smem_u32(sm.ones()));
     if (kPingPong) turn_pass<C>(ln);
     wgmma_wait<0>();
     reg_fence(st.o);
@@ -620,18 +666,19 @@ __device__ __forceinline__ void o_store_read_wait() {
  * all 64 rows of the warpgroup lie in the sequence (the map spans the
  * packed rows), else by 16-byte stores of all 128 threads. */
 template <typename T, class C>
-__device__ void fwd_store(RowState<C::kD> &st, const FwdArgs &a, const FwdTile &t, uint8_t *q,
+__device__ void fwd_store(RowState<C> &st, const FwdArgs &a, const FwdTile &t, uint8_t *q,
                           const Lane &ln) {
     constexpr int D = C::kD;
     using Tile = SmemTile<C::kBlockM, D>;
     float inv[2], lse[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const float l = quad_sum(st.l[half]);
+        /* the ones columns hold the whole row's sum in every lane */
+        const float l = C::kSumByMma ? st.o[D / 2 + 2 * half] : quad_sum(st.l[half]);
         inv[half] = l > 0.f ? 1.f / l : 0.f;
         lse[half] = l > 0.f ? (st.m[half] + log2f(l)) * 0.69314718055994531f : -INFINITY;
     }
-    scale_rows<D>(st.o, inv);
+    scale_rows<C::kOCols>(st.o, inv);
     if constexpr (C::kOBuffers > 0) {
         /* the previous tile's TMA store (a tile ago) has read the O buffer */
         if (ln.tid == 0) o_store_read_wait();
@@ -689,9 +736,9 @@ __device__ __forceinline__ Lane make_lane(int wg) {
     return ln;
 }
 
-template <int D> __device__ __forceinline__ void row_state_init(RowState<D> &st) {
+template <class C> __device__ __forceinline__ void row_state_init(RowState<C> &st) {
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) st.o[i] = 0.f;
+    for (int i = 0; i < C::kOCols / 2; ++i) st.o[i] = 0.f;
     st.m[0] = st.m[1] = -INFINITY;
     st.l[0] = st.l[1] = 0.f;
 }
@@ -716,7 +763,7 @@ template <typename T, class C>
 __device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C> &sm, int wg, int tile_no,
                             int it0) {
     const Lane ln = make_lane(wg); /* recomputed per tile: cheaper than live across the loop */
-    RowState<C::kD> st;
+    RowState<C> st;
     row_state_init(st);
     const int qb = tile_no % C::kQBuffers;
     uint8_t *q = sm.q(qb);
@@ -760,7 +807,7 @@ template <typename T, class C> __device__ void fwd_consume_carried(const FwdArgs
     if (!next_tile<C>(a, &k, &t)) return;
     issue_first_s<T, C>(sc, t, true, sm, ln, 0, it);
     for (int tile_no = 0;; ++tile_no) {
-        RowState<C::kD> st;
+        RowState<C> st;
         row_state_init(st);
         if (t.n_min <= t.n_max)
             mainloop_overlap<T, C, true>(st, sc, a, t, sm, sm.q(tile_no % C::kQBuffers), ln, it);
@@ -798,6 +845,12 @@ __global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_consta
             cuda::ptx::mbarrier_init(&sm.v_empty[s], C::kConsumerWarps);
         }
         cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+    }
+    if constexpr (C::kSumByMma) { /* ones in every element, so the swizzle does not matter */
+        const uint32_t one = elem<T>::pack(1.f, 1.f);
+        for (uint32_t i = threadIdx.x; i < C::kOnesBytes / 16; i += C::kThreads)
+            ((uint4 *)sm.ones())[i] = make_uint4(one, one, one, one);
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); /* generic writes -> wgmma reads */
     }
     __syncthreads();
     const int wg = threadIdx.x / 128;
@@ -974,10 +1027,10 @@ using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPon
  *            10b), beyond pingpong n176 (FA3's tile; runs 8a, 9a, 10b);
  *            causal up to 4k pingpong persistent (+3-4% over overlap
  *            persistent at 2k-4k, run 10b), beyond pingpong n176;
- *   D = 64:  non-causal up to 4k three consumer warpgroups, ping-pong,
- *            persistent (+6-18% at 512-4k, run 8a), beyond pingpong n192
- *            persistent (+3% / +6% at 8k / 16k over the three-warpgroup
- *            and grid-launched kernels, run 10b); causal up to 2k pingpong
+ *   D = 64:  non-causal three consumer warpgroups, ping-pong, persistent
+ *            (+6-18% at 512-4k, run 8a; since lazy rescaling +3% at 8k and
+ *            level at 16k over pingpong n192 persistent, run 19a, H100);
+ *            causal up to 2k pingpong
  *            persistent (run 7a), beyond n192 persistent (+4% at 4k, +6%
  *            at 8k, level at 16k, run 10b);
  *   D = 256: non-causal up to 1k pingpong persistent (+6-7% over overlap,
@@ -999,8 +1052,7 @@ template <> struct FwdDefault<64> {
         if (p.causal)
             return p.sq <= 2048 ? launch_fwd<T, FwdBase<64, true, true>>(p, stream)
                                 : launch_fwd<T, WidePersistent>(p, stream);
-        if (p.sq <= 4096) return launch_fwd<T, FwdConfig<64, 128, 2, true, true, true, 3>>(p, stream);
-        return launch_fwd<T, WidePersistent>(p, stream);
+        return launch_fwd<T, FwdConfig<64, 128, 2, true, true, true, 3>>(p, stream);
     }
 };
 template <> struct FwdDefault<256> {

@@ -118,11 +118,13 @@ template <int N> struct Wgmma;
 #define FAT_ACC8(i)                                                                            \
     "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]),             \
         "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FAT_ACC4(i) "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define FAT_R0 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define FAT_R8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define FAT_R16 ", %16, %17, %18, %19, %20, %21, %22, %23"
 #define FAT_R24 ", %24, %25, %26, %27, %28, %29, %30, %31"
 #define FAT_R32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FAT_R32_4 ", %32, %33, %34, %35"
 #define FAT_R40 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define FAT_R48 ", %48, %49, %50, %51, %52, %53, %54, %55"
 #define FAT_R56 ", %56, %57, %58, %59, %60, %61, %62, %63"
@@ -173,6 +175,9 @@ template <int N> struct Wgmma;
 FAT_WGMMA_SHAPE(64, FAT_R0 FAT_R8 FAT_R16 FAT_R24,
                 (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24)),
                 32, 33, 34, 35, 36, 37)
+FAT_WGMMA_SHAPE(72, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32_4,
+                (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24), FAT_ACC4(32)),
+                36, 37, 38, 39, 40, 41)
 FAT_WGMMA_SHAPE(80, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32,
                 (FAT_ACC8(0), FAT_ACC8(8), FAT_ACC8(16), FAT_ACC8(24), FAT_ACC8(32)),
                 40, 41, 42, 43, 44, 45)
@@ -197,6 +202,8 @@ FAT_WGMMA_SHAPE(256, FAT_R0 FAT_R8 FAT_R16 FAT_R24 FAT_R32 FAT_R40 FAT_R48 FAT_R
 #undef FAT_STR
 #undef FAT_STR_
 #undef FAT_R0
+#undef FAT_R32_4
+#undef FAT_ACC4
 #undef FAT_R8
 #undef FAT_R16
 #undef FAT_R24
