@@ -52,10 +52,11 @@ def test_varlen_very_uneven(dtype, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_row_maxima_rising_along_the_keys(dtype, causal, D):
-    # keys scaled up along the sequence: each row's max grows by far more
-    # than 2^8 from key block to key block, so kernels that rescale O only
-    # when a max moves that much (the sm80 and sm90a forwards) rebase often;
-    # with fp16, a kernel that never rebased would overflow p
+    # keys scaled up 1x to 4x along the sequence: each row's max grows by
+    # about 2^45 from the first key block to the last, so kernels that
+    # rescale O only when a max moved by more than 2^8 (the sm80 and sm90a
+    # forwards) rebase several times; with fp16, a kernel that never
+    # rebased would overflow p
     q, k, v, dout = make(1, 900, 1000, 2, 1, D, dtype=dtype, device="cuda")
     ramp = torch.linspace(1.0, 4.0, k.shape[1], device="cuda").view(1, -1, 1, 1)
     k = (k.float() * ramp).to(dtype)

@@ -353,8 +353,8 @@ __device__ __forceinline__ void issue_qk(float (&s)[C::kBlockN / 2], uint32_t q_
     wgmma_commit();
 }
 
-/* o += P V: issue and commit only.  p[kk] is the A fragment of keys 16kk.. */
-/* With kSumByMma the ones panel is V's second 64-column panel: LBO = its
+/* o += P V: issue and commit only.  p[kk] is the A fragment of keys 16kk..
+ * With kSumByMma the ones panel is V's second 64-column panel: LBO = its
  * distance from the stage's V, ones_addr - v_addr. */
 template <typename T, class C>
 __device__ __forceinline__ void issue_pv(float (&o)[C::kOCols / 2], uint32_t (&p)[C::kBlockN / 16][4],
@@ -1030,9 +1030,8 @@ using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPon
  *   D = 64:  non-causal three consumer warpgroups, ping-pong, persistent
  *            (+6-18% at 512-4k, run 8a; since lazy rescaling +3% at 8k and
  *            level at 16k over pingpong n192 persistent, run 19a, H100);
- *            causal up to 2k pingpong
- *            persistent (run 7a), beyond n192 persistent (+4% at 4k, +6%
- *            at 8k, level at 16k, run 10b);
+ *            causal up to 2k pingpong persistent (run 7a), beyond n192
+ *            persistent (+4% at 4k, +6% at 8k, level at 16k, run 10b);
  *   D = 256: non-causal up to 1k pingpong persistent (+6-7% over overlap,
  *            run 9a), 2k overlap BN80, beyond pingpong BN80; causal up to 1k
  *            overlap, up to 8k pingpong persistent (+4-9% at 2k-8k, run
