@@ -1030,8 +1030,10 @@ using FwdBase = FwdConfig<D, D == 256 ? 80 : 128, D == 64 ? 3 : 2, true, PingPon
  *   D = 64:  non-causal three consumer warpgroups, ping-pong, persistent
  *            (+6-18% at 512-4k, run 8a; since lazy rescaling +3% at 8k and
  *            level at 16k over pingpong n192 persistent, run 19a, H100);
- *            causal up to 2k pingpong persistent (run 7a), beyond n192
- *            persistent (+4% at 4k, +6% at 8k, level at 16k, run 10b);
+ *            causal up to 2k pingpong persistent (run 7a) with the row
+ *            sums from the P V GEMM (kSumByMma: +2-4% at 2k, run 19b,
+ *            H100), beyond n192 persistent (+4% at 4k, +6% at 8k, level
+ *            at 16k, run 10b);
  *   D = 256: non-causal up to 1k pingpong persistent (+6-7% over overlap,
  *            run 9a), 2k overlap BN80, beyond pingpong BN80; causal up to 1k
  *            overlap, up to 8k pingpong persistent (+4-9% at 2k-8k, run
@@ -1047,9 +1049,10 @@ template <> struct FwdDefault<128> {
 };
 template <> struct FwdDefault<64> {
     template <typename T> static fat_status launch(const fat_params &p, cudaStream_t stream) {
+        using PingPongPersistentOnes = FwdConfig<64, 128, 3, true, true, true, 2, false, true>;
         using WidePersistent = FwdConfig<64, 192, 3, true, true, true>;
         if (p.causal)
-            return p.sq <= 2048 ? launch_fwd<T, FwdBase<64, true, true>>(p, stream)
+            return p.sq <= 2048 ? launch_fwd<T, PingPongPersistentOnes>(p, stream)
                                 : launch_fwd<T, WidePersistent>(p, stream);
         return launch_fwd<T, FwdConfig<64, 128, 2, true, true, true, 3>>(p, stream);
     }
