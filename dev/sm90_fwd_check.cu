@@ -56,7 +56,8 @@ enum Variant {
     SERIAL, OVERLAP, PINGPONG, WIDE, OVERLAP_PERSIST, PINGPONG_PERSIST, WIDE_PERSIST,
     TRIPLE, TRIPLE_PINGPONG, TRIPLE_PINGPONG_3STAGES, TRIPLE_PINGPONG_PERSIST,
     OVERLAP_PERSIST_CARRY, PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY, QUAD_PINGPONG_PERSIST,
-    QUAD_PINGPONG_PERSIST_CARRY, PINGPONG_PERSIST_ONES, WIDE_PERSIST_ONES, TRIPLE_PINGPONG_PERSIST_ONES, DEFAULT
+    QUAD_PINGPONG_PERSIST_CARRY, PINGPONG_PERSIST_ONES, WIDE_PERSIST_ONES, TRIPLE_PINGPONG_PERSIST_ONES,
+    PINGPONG_PERSIST_CARRY_ONES, DEFAULT
 };
 static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpong", "pingpong wide",
                                       "overlap persistent", "pingpong persistent", "pingpong wide persistent",
@@ -65,7 +66,8 @@ static const char *variant_names[] = {"serial (v1)", "overlap", "overlap+pingpon
                                       "pingpong persistent carry", "3wg pingpong persistent carry",
                                       "4wg BN64 pingpong persistent", "4wg BN64 pingpong persistent carry",
                                       "pingpong persistent ones", "pingpong n192 persistent ones",
-                                      "3wg pingpong persistent ones", "default (sm90_fwd)"};
+                                      "3wg pingpong persistent ones", "pingpong persistent carry ones",
+                                      "default (sm90_fwd)"};
 static const char *variant_name(Variant v, int d) {
     if (v == WIDE) return d == 128 ? "pingpong n176" : "pingpong n192";
     if (v == WIDE_PERSIST) return d == 128 ? "pingpong n176 persistent" : "pingpong n192 persistent";
@@ -85,7 +87,8 @@ static const std::vector<Variant> persistent_64 = {OVERLAP_PERSIST, PINGPONG_PER
                                                    TRIPLE_PINGPONG_PERSIST, OVERLAP_PERSIST_CARRY,
                                                    PINGPONG_PERSIST_CARRY, TRIPLE_PINGPONG_PERSIST_CARRY,
                                                    QUAD_PINGPONG_PERSIST, QUAD_PINGPONG_PERSIST_CARRY,
-                                                   PINGPONG_PERSIST_ONES, WIDE_PERSIST_ONES, TRIPLE_PINGPONG_PERSIST_ONES};
+                                                   PINGPONG_PERSIST_ONES, WIDE_PERSIST_ONES, TRIPLE_PINGPONG_PERSIST_ONES,
+                                                   PINGPONG_PERSIST_CARRY_ONES};
 static const std::vector<Variant> persistent_256 = {PINGPONG_PERSIST};
 
 struct Case {
@@ -286,6 +289,9 @@ template <int D> struct VariantConfig<D, PINGPONG_PERSIST_ONES> {
     using C = FwdConfig<D, 128, 3, true, true, true, 2, false, true>;
 };
 template <int D> struct VariantConfig<D, WIDE_PERSIST_ONES> { using C = FwdConfig<D, 192, 3, true, true, true, 2, false, true>; };
+template <int D> struct VariantConfig<D, PINGPONG_PERSIST_CARRY_ONES> {
+    using C = FwdConfig<D, 128, 3, true, true, true, 2, true, true>;
+};
 template <int D> struct VariantConfig<D, TRIPLE_PINGPONG_PERSIST_ONES> {
     using C = FwdConfig<D, 128, 2, true, true, true, 3, false, true>;
 };
@@ -390,6 +396,8 @@ template <typename T, int D> static fat_status run_variant(Variant v, const fat_
         if (v == WIDE_PERSIST_ONES) return launch_prepared<T, D, WIDE_PERSIST_ONES>(p, time_it, ms);
         if (v == TRIPLE_PINGPONG_PERSIST_ONES)
             return launch_prepared<T, D, TRIPLE_PINGPONG_PERSIST_ONES>(p, time_it, ms);
+        if (v == PINGPONG_PERSIST_CARRY_ONES)
+            return launch_prepared<T, D, PINGPONG_PERSIST_CARRY_ONES>(p, time_it, ms);
     }
     if constexpr (D != 256) {
         if (v == OVERLAP_PERSIST) return launch_prepared<T, D, OVERLAP_PERSIST>(p, time_it, ms);
@@ -657,6 +665,7 @@ int main(int argc, char **argv) {
     check_list<__half, 64>(cases_small(64), TRIPLE_PINGPONG);
     check_list<__half, 64>(cases_main(64), TRIPLE_PINGPONG_PERSIST);
     check_list<__half, 64>(cases_main(64), TRIPLE_PINGPONG_PERSIST_CARRY);
+    check_list<__half, 64>(cases_main(64), PINGPONG_PERSIST_CARRY_ONES);
     check_list<__nv_bfloat16, 128>(cases_main(128), OVERLAP_PERSIST_CARRY);
     check_list<__nv_bfloat16, 256>(cases_small(256), DEFAULT);
     check_list<__half, 256>(cases_small(256), DEFAULT);

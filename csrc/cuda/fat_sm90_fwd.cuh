@@ -484,7 +484,12 @@ __device__ __forceinline__ void release_stage(uint64_t *bar, const Lane &ln) {
 
 /* Named barriers: 1 + wg is warpgroup wg's epilogue (128 threads);
  * 1 + kConsumers + wg is its ping-pong turn, 256 threads (the waiter and the
- * passer, warpgroup wg - 1 round robin). */
+ * passer, warpgroup wg - 1 round robin).  Every warpgroup alternates wait
+ * and pass, so no turn barrier ever holds two passes: the last warpgroup
+ * passes once before its first tile (warpgroup 0 issues first) and
+ * warpgroup 0 takes that extra pass after its last tile; in between the
+ * turns run on across tiles, so a tile's first S waits for the other
+ * warpgroups' last P V issue, not for their epilogues. */
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -584,7 +589,6 @@ __device__ void mainloop_overlap(RowState<C> &st, float (&sc)[C::kBlockN / 2], c
     uint32_t p[BN / 16][4];
 
     const int s0 = it0 % C::kStages;
-    if (kPingPong && ln.wg == C::kConsumers - 1) turn_pass<C>(ln); /* warpgroup 0 issues first */
     if constexpr (!kS0Issued) {
         mbar_wait(&sm.k_full[s0], (uint32_t)(it0 / C::kStages) & 1);
         if (kPingPong) turn_wait<C>(ln);
@@ -631,7 +635,6 @@ __device__ void mainloop_overlap(RowState<C> &st, float (&sc)[C::kBlockN / 2], c
     reg_fence(st.o);
     reg_fence(p);
     release_stage(&sm.v_empty[cur], ln);
-    if (kPingPong && ln.wg == 0) turn_wait<C>(ln); /* takes the last warpgroup's last pass */
 }
 
 /* ---- epilogue ------------------------------------------------------------------------- */
@@ -868,6 +871,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_consta
         }
     } else {
         regs_claim<C::kConsumerRegs>();
+        if (C::kPingPong && wg == C::kConsumers) turn_pass<C>(make_lane(wg - 1)); /* warpgroup 0 first */
         if constexpr (C::kCarryS) {
             fwd_consume_carried<T, C>(a, sm, make_lane(wg - 1));
         } else {
@@ -879,6 +883,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_consta
                 it += key_blocks(t);
             }
         }
+        if (C::kPingPong && wg == 1) turn_wait<C>(make_lane(0)); /* the last warpgroup's last pass */
         /* the shared memory stays until the last TMA store has read it */
         if (threadIdx.x % 128 == 0) o_store_read_wait();
     }
