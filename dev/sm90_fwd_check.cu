@@ -19,6 +19,9 @@
  *                                  number v of enum Variant) at one shape (for ncu)
  *        /tmp/sm90_check table D [variant]   the timing table of sm90_fwd (or
  *                                  variant v) only, no correctness (A/B builds)
+ *        /tmp/sm90_tl timeline D S causal variant path   (built with
+ *                                  -DFAT_SM90_TIMELINE -Idev) the event timeline
+ *                                  of variant v's first CTAs (dev/sm90_timeline.cuh)
  * Exit status 0 when every case passes.
  *
  * Layouts are the public ones (flash_attn_t.h); the output has 8 padding
@@ -33,6 +36,9 @@
 #include <algorithm>
 #include <vector>
 
+#ifdef FAT_SM90_TIMELINE
+#include "sm90_timeline.cuh" /* before the kernel: its stamp hooks record */
+#endif
 #include "cuda/fat_sm90_fwd.cuh"
 
 #define CUDA_CHECK(call)                                                                        \
@@ -621,6 +627,42 @@ template <int D> static int run_one(int s, int causal, Variant v) {
     return st == FAT_OK ? 0 : 1;
 }
 
+#ifdef FAT_SM90_TIMELINE
+/* run_one's shape timed (with the stamps), then one launch recorded by
+ * sm90_timeline.cuh: the events of the first kCtas CTAs to path as "cta
+ * role index event clock" lines (clock: SM cycles). */
+template <int D> static int run_timeline(int s, int causal, Variant v, const char *path) {
+    namespace tl = fat::timeline;
+    Case c = {16384 / s, 16, 16, s, s, D, D, causal, -1, -1, 0.f, 0};
+    Problem pr = make_problem<__nv_bfloat16>(c, 7);
+    float ms = 0.f; /* the median of the timed launches (stamps included), then one recorded */
+    fat_status st = run_variant<__nv_bfloat16, D>(v, pr.p, true, &ms);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    static int zero[tl::kCtas][tl::kRoles];
+    CUDA_CHECK(cudaMemcpyToSymbol(tl::counts, zero, sizeof(zero)));
+    float unused_ms;
+    if (st == FAT_OK) st = run_variant<__nv_bfloat16, D>(v, pr.p, false, &unused_ms);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    static int counts[tl::kCtas][tl::kRoles];
+    static unsigned long long events[tl::kCtas][tl::kRoles][tl::kEntries];
+    CUDA_CHECK(cudaMemcpyFromSymbol(counts, tl::counts, sizeof(counts)));
+    CUDA_CHECK(cudaMemcpyFromSymbol(events, tl::buf, sizeof(events)));
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fprintf(f, "# %s D=%d seqlen %d causal %d batch %d heads %d\n", variant_name(v, D), D, s, causal, c.b, c.hq);
+    for (int cta = 0; cta < tl::kCtas; ++cta)
+        for (int r = 0; r < tl::kRoles; ++r)
+            for (int i = 0; i < counts[cta][r]; ++i)
+                fprintf(f, "%d %d %d %llu %llu\n", cta, r, i, events[cta][r][i] & 255, events[cta][r][i] >> 8);
+    fclose(f);
+    const double flops = 4.0 * c.b * c.hq * (double)s * s * D / (causal ? 2 : 1);
+    printf("%s D=%d seqlen %d causal %d: %s, %.3f ms, %.1f TFLOPS with stamps, timeline in %s\n",
+           variant_name(v, D), D, s, causal, fat_status_string(st), ms, flops / (ms * 1e-3) / 1e12, path);
+    free_problem(pr);
+    return st == FAT_OK ? 0 : 1;
+}
+#endif
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* a hang or a timeout still leaves the last case in the log */
     const bool check_only = argc > 1 && strcmp(argv[1], "check") == 0;
@@ -640,6 +682,14 @@ int main(int argc, char **argv) {
         return d == 64 ? run_one<64>(s, causal, (Variant)v) : d == 128 ? run_one<128>(s, causal, (Variant)v)
                : d == 256 ? run_one<256>(s, causal, (Variant)v) : 1;
     }
+#ifdef FAT_SM90_TIMELINE
+    if (argc > 6 && strcmp(argv[1], "timeline") == 0) { /* timeline D seqlen causal variant path */
+        const int d = atoi(argv[2]), s = atoi(argv[3]), causal = atoi(argv[4]), v = atoi(argv[5]);
+        if (s < 1 || s > 16384 || v < 0 || v > (int)DEFAULT) return 1;
+        return d == 64 ? run_timeline<64>(s, causal, (Variant)v, argv[6])
+               : d == 128 ? run_timeline<128>(s, causal, (Variant)v, argv[6]) : 1;
+    }
+#endif
     if (argc > 2 && strcmp(argv[1], "table") == 0) { /* table D [variant] */
         const int d = atoi(argv[2]), v = argc > 3 ? atoi(argv[3]) : (int)DEFAULT;
         if (v < 0 || v > (int)DEFAULT) return 1;

@@ -10,6 +10,9 @@
 #                           interleaved per table: logs/sm90_tables.log
 #   SM90_AB="ab/base ab/A"  extra dev check builds, each with the files of that folder copied
 #                           over csrc/cuda (A/B timings of a kernel change in one call)
+#   SM90_TIMELINE="64:2048:1:16"  event timelines of the dev check built with
+#                           -DFAT_SM90_TIMELINE (dev/sm90_timeline.cuh), at head dim:seqlen:
+#                           causal:variant: logs/timeline_<spec>.txt (scripts/timeline.py reads them)
 #   SM80_FWD_BENCH=1        build and run dev/sm80_fwd_bench.cu (tile variants)
 #   SM80_BWD_BENCH=1        build and run dev/sm80_bwd_bench.cu (tile variants)
 #   SM80_BENCH_SHAPES="128x16384 64x16384"  only these (head dim x seqlen)
@@ -97,6 +100,8 @@ ab_build() {  # folder: csrc with its files over csrc/cuda -> /tmp/sm90_check_<f
     dev/sm90_fwd_check.cu "$root/csrc/fat_common.c" -o "/tmp/sm90_check_$name"
 }
 for dir in ${SM90_AB:-}; do ab_build "$dir" & DEV_BUILDS+=($!); done
+[ -n "${SM90_TIMELINE:-}" ] && { step sm90_tl_build nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a \
+  -Icsrc -Idev -DFAT_SM90_TIMELINE dev/sm90_fwd_check.cu csrc/fat_common.c -o /tmp/sm90_tl & DEV_BUILDS+=($!); }
 [ -n "${SM80_FWD_BENCH:-}" ] && { dev_build sm80_fwd_bench dev/sm80_fwd_bench.cu & DEV_BUILDS+=($!); }
 [ -n "${SM80_BWD_BENCH:-}" ] && { dev_build sm80_bwd_bench dev/sm80_bwd_bench.cu & DEV_BUILDS+=($!); }
 if [ -z "${SKIP_BUILD:-}" ]; then
@@ -139,6 +144,10 @@ sm90_tables() {
   done
 }
 [ -n "${SM90_TABLES:-}" ] && TAIL=0 step sm90_tables sm90_tables
+for spec in ${SM90_TIMELINE:-}; do
+  [ -x /tmp/sm90_tl ] && TAIL=2 step "sm90_timeline_${spec//:/x}" timeout 60 /tmp/sm90_tl timeline ${spec//:/ } \
+    "$LOGS/timeline_${spec//:/x}.txt"
+done
 NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 if [ -n "${NCU:-}" ]; then
   [ -x /tmp/sm80_fwd_bench ] && TAIL=3 step ncu_fwd ncu --clock-control none $NCU_SECTIONS \

@@ -66,6 +66,14 @@
 #include "fat_sm80_primitives.cuh"
 #include "fat_sm90_primitives.cuh"
 
+/* Timeline hooks: no-ops unless dev/sm90_timeline.cuh defined them (the dev
+ * check built with -DFAT_SM90_TIMELINE); role 0 is the producer, 1 + wg
+ * consumer warpgroup wg. */
+#ifndef FAT_SM90_STAMP
+#define FAT_SM90_STAMP_INIT() ((void)0)
+#define FAT_SM90_STAMP(role, event) ((void)0)
+#endif
+
 namespace fat {
 namespace sm90 {
 
@@ -313,11 +321,14 @@ __device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
     const int kv_head = t.h / a.group;
     auto row_of = [&](int n) { return (int)(t.seq.k_start + (int64_t)n * C::kBlockN); };
     const int s0 = it0 % C::kStages;
-    if (t.n_min <= t.n_max)
+    if (t.n_min <= t.n_max) {
         tma_load_kv<C>(sm.k(s0), &a.k_map, &sm.k_empty[s0], &sm.k_full[s0], it0, row_of(t.n_min), kv_head,
                        batch);
+        FAT_SM90_STAMP(0, kProducerK);
+    }
     const int qb = tile_no % C::kQBuffers, q_use = tile_no / C::kQBuffers;
     if (q_use > 0) mbar_wait(&sm.q_empty[qb], (uint32_t)(q_use - 1) & 1);
+    FAT_SM90_STAMP(0, kProducerQ);
     tma_load_block<C>(sm.q(qb), C::kQPanelBytes, &a.q_map, (int)(t.seq.q_start + t.m0), t.h, batch,
                       &sm.q_full[qb]);
     if (t.n_min > t.n_max) return;
@@ -326,9 +337,11 @@ __device__ void fwd_produce(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
             const int s = (it + 1) % C::kStages;
             tma_load_kv<C>(sm.k(s), &a.k_map, &sm.k_empty[s], &sm.k_full[s], it + 1, row_of(n + 1), kv_head,
                            batch);
+            FAT_SM90_STAMP(0, kProducerK);
         }
         const int s = it % C::kStages;
         tma_load_kv<C>(sm.v(s), &a.v_map, &sm.v_empty[s], &sm.v_full[s], it, row_of(n), kv_head, batch);
+        FAT_SM90_STAMP(0, kProducerV);
     }
 }
 
@@ -592,11 +605,13 @@ __device__ void mainloop_overlap(RowState<C> &st, float (&sc)[C::kBlockN / 2], c
     if constexpr (!kS0Issued) {
         mbar_wait(&sm.k_full[s0], (uint32_t)(it0 / C::kStages) & 1);
         if (kPingPong) turn_wait<C>(ln);
+        FAT_SM90_STAMP(1 + ln.wg, kTurn);
         issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(s0)));
         if (kPingPong) turn_pass<C>(ln);
     }
     wgmma_wait<0>();
     reg_fence(sc);
+    FAT_SM90_STAMP(1 + ln.wg, kSDone);
     release_stage(&sm.k_empty[s0], ln);
     scores_softmax<C>(sc, alpha, st, a, t, ln, t.n_min); /* alpha = 0: o is still zero */
     pack_p<T, BN>(p, sc);
@@ -608,6 +623,7 @@ __device__ void mainloop_overlap(RowState<C> &st, float (&sc)[C::kBlockN / 2], c
         const uint32_t next_parity = (uint32_t)((it + 1) / C::kStages) & 1;
         mbar_wait(&sm.k_full[next], next_parity);
         if (kPingPong) turn_wait<C>(ln);
+        FAT_SM90_STAMP(1 + ln.wg, kTurn);
         issue_qk<T, C>(sc, q_addr, smem_u32(sm.k(next)));
         rescale_o<C::kOCols>(st.o, alpha);
         mbar_wait(&sm.v_full[cur], cur_parity);
@@ -615,12 +631,14 @@ __device__ void mainloop_overlap(RowState<C> &st, float (&sc)[C::kBlockN / 2], c
         if (kPingPong) turn_pass<C>(ln);
         wgmma_wait<1>(); /* S of block n is done, P_j V_j may still run */
         reg_fence(sc);
+        FAT_SM90_STAMP(1 + ln.wg, kSDone);
         release_stage(&sm.k_empty[next], ln);
         scores_softmax<C>(sc, alpha, st, a, t, ln, n);
         pin_before_wait<C>(sm.pin, ln, st, sc);
         wgmma_wait<0>();
         reg_fence(st.o);
         reg_fence(p);
+        FAT_SM90_STAMP(1 + ln.wg, kPVDone);
         release_stage(&sm.v_empty[cur], ln);
         pack_p<T, BN>(p, sc);
     }
@@ -629,11 +647,13 @@ __device__ void mainloop_overlap(RowState<C> &st, float (&sc)[C::kBlockN / 2], c
     rescale_o<C::kOCols>(st.o, alpha);
     mbar_wait(&sm.v_full[cur], (uint32_t)(it / C::kStages) & 1);
     if (kPingPong) turn_wait<C>(ln);
+    FAT_SM90_STAMP(1 + ln.wg, kTurn);
     issue_pv<T, C>(st.o, p, smem_u32(sm.v(cur)), smem_u32(sm.ones()));
     if (kPingPong) turn_pass<C>(ln);
     wgmma_wait<0>();
     reg_fence(st.o);
     reg_fence(p);
+    FAT_SM90_STAMP(1 + ln.wg, kLoopEnd);
     release_stage(&sm.v_empty[cur], ln);
 }
 
@@ -701,6 +721,7 @@ __device__ void fwd_store(RowState<C> &st, const FwdArgs &a, const FwdTile &t, u
     const bool by_tma = a.o_tma && (!varlen || t.m0 + 64 * (ln.wg + 1) <= t.seq.sq);
     if (by_tma) cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); /* staged rows -> TMA's reads */
     named_sync(1 + ln.wg, 128); /* the warpgroup's rows are staged */
+    FAT_SM90_STAMP(1 + ln.wg, kStaged);
 
     if (by_tma) {
         if (ln.tid == 0) tma_store_rows<C>(a, t, q, ln.wg);
@@ -770,7 +791,9 @@ __device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
     row_state_init(st);
     const int qb = tile_no % C::kQBuffers;
     uint8_t *q = sm.q(qb);
+    FAT_SM90_STAMP(1 + wg, kTileBegin);
     mbar_wait(&sm.q_full[qb], (uint32_t)(tile_no / C::kQBuffers) & 1);
+    FAT_SM90_STAMP(1 + wg, kQReady);
     if (t.n_min <= t.n_max) {
         if constexpr (C::kOverlap) {
             float sc[C::kBlockN / 2];
@@ -782,6 +805,7 @@ __device__ void fwd_consume(const FwdArgs &a, const FwdTile &t, const FwdSmem<C>
     if constexpr (C::kPersistent && C::kOBuffers > 0) release_q(sm, ln, tile_no);
     fwd_store<T, C>(st, a, t, sm.o_stage(qb), ln);
     if constexpr (C::kPersistent && C::kOBuffers == 0) release_q(sm, ln, tile_no);
+    FAT_SM90_STAMP(1 + wg, kTileEnd);
 }
 
 /* The first S of tile t (number tile_no, ring loads before it: it), issued
@@ -796,6 +820,7 @@ __device__ __forceinline__ void issue_first_s(float (&sc)[C::kBlockN / 2], const
     const bool keys = exists && t.n_min <= t.n_max;
     if (exists) mbar_wait(&sm.q_full[qb], (uint32_t)(tile_no / C::kQBuffers) & 1);
     if (keys) mbar_wait(&sm.k_full[s], (uint32_t)(it / C::kStages) & 1);
+    FAT_SM90_STAMP(1 + ln.wg, kTurn);
     const uint32_t q_base = smem_u32(sm.q(qb));
     issue_qk<T, C>(sc, q_base + ln.wg * 64 * 128, keys ? smem_u32(sm.k(s)) : q_base);
 }
@@ -810,6 +835,8 @@ template <typename T, class C> __device__ void fwd_consume_carried(const FwdArgs
     if (!next_tile<C>(a, &k, &t)) return;
     issue_first_s<T, C>(sc, t, true, sm, ln, 0, it);
     for (int tile_no = 0;; ++tile_no) {
+        FAT_SM90_STAMP(1 + ln.wg, kTileBegin);
+        FAT_SM90_STAMP(1 + ln.wg, kQReady); /* (waited for in issue_first_s) */
         RowState<C> st;
         row_state_init(st);
         if (t.n_min <= t.n_max)
@@ -821,6 +848,7 @@ template <typename T, class C> __device__ void fwd_consume_carried(const FwdArgs
         const bool more = next_tile<C>(a, &k, &next);
         issue_first_s<T, C>(sc, next, more, sm, ln, tile_no + 1, it);
         fwd_store<T, C>(st, a, t, sm.o_stage(0), ln);
+        FAT_SM90_STAMP(1 + ln.wg, kTileEnd);
         if (!more) break;
         t = next;
     }
@@ -848,6 +876,7 @@ __global__ void __launch_bounds__(C::kThreads, 1) fwd_kernel(const __grid_consta
             cuda::ptx::mbarrier_init(&sm.v_empty[s], C::kConsumerWarps);
         }
         cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+        FAT_SM90_STAMP_INIT();
     }
     if constexpr (C::kSumByMma) { /* ones in every element, so the swizzle does not matter */
         const uint32_t one = elem<T>::pack(1.f, 1.f);
