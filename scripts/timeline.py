@@ -14,10 +14,11 @@ warpgroup has a GEMM in flight (from its turn to the wait that saw the GEMM
 complete), in total and within tile boundaries (a warpgroup's last P V
 complete -> its next tile's first S complete).
 
-  usage: python3 scripts/timeline.py logs/timeline_64x2048x1x16.txt [--draw --cta 0 --start 0 --bucket 100]
+  usage: python3 scripts/timeline.py logs/timeline_64x2048x1x16.txt[.gz] [--draw --cta 0 --start 0 --bucket 100]
 """
 import argparse
 import collections
+import gzip
 
 EVENTS = ["ProducerQ", "ProducerK", "ProducerV", "TileBegin", "QReady", "Turn", "SDone", "PVDone",
           "LoopEnd", "Staged", "TileEnd"]
@@ -27,7 +28,7 @@ def load(path):
     """{cta: {role: [(event name, clock), ...]}} and the header line."""
     data = collections.defaultdict(lambda: collections.defaultdict(list))
     header = ""
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             if line.startswith("#"):
                 header = line[1:].strip()
